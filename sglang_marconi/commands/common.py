@@ -1,0 +1,57 @@
+"""Helpers shared by CLI commands: model selection flags, byte sizes, JSON output."""
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+from sglang_marconi.errors import UserError
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_bytes(text: str, what: str = "capacity") -> int:
+    """'40GB', '1.5GiB', '123456' -> bytes (decimal GB as in the paper)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
+    if not m or m.group(2).upper() not in _UNITS:
+        raise UserError(f"{what}: cannot read {text!r} as a size (e.g. 40GB, 512MiB)")
+    value = float(m.group(1)) * _UNITS[m.group(2).upper()]
+    if value <= 0:
+        raise UserError(f"{what}: must be positive, got {text!r}")
+    return int(value)
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.2f} {unit}"
+        n /= 1000
+    return str(n)
+
+
+def human_flops(f: float) -> str:
+    for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
+        if abs(f) >= scale:
+            return f"{f / scale:,.2f} {unit}"
+    return f"{f:,.0f} FLOP"
+
+
+def add_model_arguments(parser, required: bool = True) -> None:
+    g = parser.add_argument_group("model")
+    g.add_argument("--model", "--preset", dest="preset", metavar="PRESET",
+                   help="a named preset (see `model-info --list`), e.g. paper-7b")
+    g.add_argument("--config", metavar="PATH", help="a Hugging Face config.json (or its folder)")
+    g.add_argument("--dtype", help="override the KV / conv-state dtype (default: the config's)")
+
+
+def model_from_args(args, default_preset: str | None = None):
+    from sglang_marconi.model import resolve_model
+
+    preset = args.preset or (None if args.config else default_preset)
+    return resolve_model(preset=preset, config=args.config, dtype=args.dtype)
+
+
+def print_json(obj) -> None:
+    json.dump(obj, sys.stdout, indent=2, default=float)
+    sys.stdout.write("\n")

@@ -1,0 +1,70 @@
+"""Named model presets.
+
+- ``paper-7b``: the Marconi paper's 7B hybrid exactly (4 attention, 24 Mamba, 28 MLP layers,
+  D = 4096, N = 128, fp16, the paper's own FLOP formulas and state layout).
+- one preset per hybrid architecture whose default config the pinned transformers ships,
+  named after its ``model_type``; the layer pattern and sizes are that default config's.
+"""
+from __future__ import annotations
+
+from sglang_marconi.errors import UserError
+from sglang_marconi.model.layers import AttentionLayer, MLPLayer, SSMLayer
+from sglang_marconi.model.spec import HybridModelSpec, dtype_bytes
+
+PAPER_D = 4096
+PAPER_N = 128
+
+
+def paper_7b(dtype: str | None = None) -> HybridModelSpec:
+    """The paper's model: attention 8LD^2 + 4L^2D, MLP 16LD^2, Mamba 12LD^2 + 16LDN + 10LD;
+    state per Mamba layer D*N + (2D + 2N)*4 elements (conv window of 4), fp16."""
+    dtype = dtype or "float16"
+    b = dtype_bytes(dtype)
+    D, N = PAPER_D, PAPER_N
+    attn = AttentionLayer(hidden=D, num_heads=32, num_kv_heads=32, head_dim=D // 32,
+                          kv_dtype_bytes=b)
+    mamba = SSMLayer("mamba", temporal_elems=D * N, conv_elems=(2 * D + 2 * N) * 4,
+                     state_dtype_bytes=b, conv_dtype_bytes=b,
+                     proj_flops_per_token=12 * D * D + 10 * D, scan_flops_per_token=16 * D * N)
+    mlp = MLPLayer(hidden=D, dense_size=4 * D, gated=False)  # 2 matrices: 16 L D^2
+    layers = []
+    for block in range(28):
+        layers += [attn if block % 7 == 3 else mamba, mlp]
+    return HybridModelSpec("paper-7b", tuple(layers), dtype=dtype, architecture="paper-7b",
+                           num_hidden_layers=28)
+
+
+# preset name -> transformers config class name (the class's defaults are the preset)
+ARCH_PRESETS = {
+    "nemotron_h": "NemotronHConfig",
+    "qwen3_next": "Qwen3NextConfig",
+    "qwen3_5": "Qwen3_5Config",
+    "qwen3_5_moe": "Qwen3_5MoeConfig",
+    "falcon_h1": "FalconH1Config",
+    "jamba": "JambaConfig",
+    "bamba": "BambaConfig",
+    "granitemoehybrid": "GraniteMoeHybridConfig",
+    "zamba2": "Zamba2Config",
+}
+PRESETS = ["paper-7b", *ARCH_PRESETS]
+
+
+def available_arch_presets() -> list[str]:
+    import transformers
+
+    return [name for name, cls in ARCH_PRESETS.items() if hasattr(transformers, cls)]
+
+
+def preset_spec(name: str, dtype: str | None = None) -> HybridModelSpec:
+    if name == "paper-7b":
+        return paper_7b(dtype)
+    key = name.replace("-", "_").lower()
+    if key not in ARCH_PRESETS:
+        raise UserError(f"unknown model preset {name!r}; known: {', '.join(PRESETS)}")
+    import transformers
+
+    cls = getattr(transformers, ARCH_PRESETS[key], None)
+    if cls is None:
+        raise UserError(f"preset {name!r} needs transformers' {ARCH_PRESETS[key]}, which "
+                        f"transformers {transformers.__version__} does not ship")
+    return HybridModelSpec.from_hf_config(cls(), name=key, dtype=dtype)

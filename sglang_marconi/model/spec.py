@@ -1,0 +1,160 @@
+"""``HybridModelSpec``: what a hybrid model's cache entries weigh and what a hit saves.
+
+A spec is an ordered list of layers (attention, SSM, MLP/MoE) built from a Hugging Face
+config (see ``configs``), a named preset (see ``presets``), or by hand. Every number the
+policy and simulator use comes from here:
+
+- ``kv_bytes_per_token``: KV of one token across all attention layers;
+- ``ssm_state_bytes``: one SSM checkpoint (temporal + conv state of every SSM layer);
+- ``prefill_flops(L)``: FLOPs to prefill L tokens from scratch;
+- ``flops_saved(T, P)``: FLOPs a hit of length T saves over a hit of length P, which is
+  ``prefill_flops(T) - prefill_flops(P)`` (attention's quadratic term included).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from sglang_marconi.model.layers import AttentionLayer, MLPLayer, SSMLayer
+
+DTYPE_BYTES = {
+    "float32": 4, "fp32": 4, "float": 4,
+    "float16": 2, "fp16": 2, "half": 2, "bfloat16": 2, "bf16": 2,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
+}
+
+
+def dtype_bytes(name, what: str = "dtype") -> int:
+    """Bytes per element of a dtype name ("bfloat16", "torch.float16", "fp8", ...)."""
+    from sglang_marconi.errors import UserError
+
+    key = str(name).replace("torch.", "").lower()
+    if key not in DTYPE_BYTES:
+        raise UserError(f"unknown {what} {name!r}; known: {', '.join(sorted(DTYPE_BYTES))}")
+    return DTYPE_BYTES[key]
+
+
+@dataclass(frozen=True)
+class HybridModelSpec:
+    """An ordered list of layers with cached byte and FLOP totals."""
+
+    name: str
+    layers: tuple = field(repr=False)
+    dtype: str = "bfloat16"
+    architecture: str = "custom"
+    num_hidden_layers: int = 0  # decoder blocks as the config counts them
+
+    # -- construction ------------------------------------------------------------------
+    @classmethod
+    def from_hf_config(cls, config, name: str | None = None, dtype: str | None = None,
+                       ssm_dtype: str | None = None) -> "HybridModelSpec":
+        """From a transformers config object (``PretrainedConfig``)."""
+        from sglang_marconi.model.configs import spec_from_hf_config
+
+        return spec_from_hf_config(config, name=name, dtype=dtype, ssm_dtype=ssm_dtype)
+
+    @classmethod
+    def from_config_path(cls, path, name: str | None = None, dtype: str | None = None,
+                         ssm_dtype: str | None = None) -> "HybridModelSpec":
+        """From a Hugging Face ``config.json`` (or a model folder holding one)."""
+        from sglang_marconi.model.configs import load_hf_config
+
+        config = load_hf_config(path)
+        return cls.from_hf_config(config, name=name, dtype=dtype, ssm_dtype=ssm_dtype)
+
+    @classmethod
+    def from_preset(cls, preset: str, dtype: str | None = None) -> "HybridModelSpec":
+        """A named preset: ``paper-7b`` or an architecture's default config."""
+        from sglang_marconi.model.presets import preset_spec
+
+        return preset_spec(preset, dtype=dtype)
+
+    @staticmethod
+    def preset_names() -> list[str]:
+        from sglang_marconi.model.presets import PRESETS
+
+        return list(PRESETS)
+
+    # -- layer views ---------------------------------------------------------------------
+    @cached_property
+    def attention_layers(self) -> tuple:
+        return tuple(x for x in self.layers if isinstance(x, AttentionLayer))
+
+    @cached_property
+    def ssm_layers(self) -> tuple:
+        return tuple(x for x in self.layers if isinstance(x, SSMLayer))
+
+    @cached_property
+    def mlp_layers(self) -> tuple:
+        return tuple(x for x in self.layers if isinstance(x, MLPLayer))
+
+    @property
+    def num_attention_layers(self) -> int:
+        return len(self.attention_layers)
+
+    @property
+    def num_ssm_layers(self) -> int:
+        return len(self.ssm_layers)
+
+    @property
+    def is_hybrid(self) -> bool:
+        return self.num_ssm_layers > 0
+
+    # -- bytes -----------------------------------------------------------------------------
+    @cached_property
+    def kv_bytes_per_token(self) -> int:
+        return sum(x.kv_bytes_per_token for x in self.attention_layers)
+
+    @cached_property
+    def ssm_state_bytes(self) -> int:
+        return sum(x.state_bytes for x in self.ssm_layers)
+
+    def sequence_bytes(self, tokens: int, checkpoint_every: int | None = None) -> int:
+        """KV of ``tokens`` tokens plus one SSM checkpoint every ``checkpoint_every`` tokens
+        (the vLLM-style every-block policy the paper contrasts with)."""
+        states = tokens // checkpoint_every if checkpoint_every else 0
+        return tokens * self.kv_bytes_per_token + states * self.ssm_state_bytes
+
+    # -- FLOPs -----------------------------------------------------------------------------
+    @cached_property
+    def _coeffs(self) -> tuple[float, float]:
+        """prefill_flops(L) = a*L + b*L^2: every layer is linear but attention's scores."""
+        a = sum(x.prefill_flops(1.0) for x in self.layers)
+        b = sum(4.0 * x.num_heads * x.head_dim for x in self.attention_layers)
+        return a - b, b
+
+    def prefill_flops(self, L: float) -> float:
+        a, b = self._coeffs
+        return a * L + b * L * L
+
+    def flops_saved(self, T: float, P: float = 0) -> float:
+        """FLOPs saved by a hit of length T rather than a hit of length P (P <= T)."""
+        return self.prefill_flops(T) - self.prefill_flops(P)
+
+    def breakdown(self, L: float) -> dict:
+        """Bytes and FLOPs by layer kind, for ``model-info``."""
+        out: dict[str, dict] = {}
+        for layer in self.layers:
+            row = out.setdefault(layer.kind, {"layers": 0, "prefill_flops": 0.0,
+                                              "kv_bytes_per_token": 0, "state_bytes": 0})
+            row["layers"] += 1
+            row["prefill_flops"] += layer.prefill_flops(L)
+            row["kv_bytes_per_token"] += getattr(layer, "kv_bytes_per_token", 0)
+            row["state_bytes"] += getattr(layer, "state_bytes", 0)
+        return out
+
+    def summary(self, L: int = 1024) -> dict:
+        return {
+            "name": self.name,
+            "architecture": self.architecture,
+            "dtype": self.dtype,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_layers": self.num_attention_layers,
+            "num_ssm_layers": self.num_ssm_layers,
+            "num_mlp_layers": len(self.mlp_layers),
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "ssm_state_bytes": self.ssm_state_bytes,
+            "tokens": L,
+            "prefill_flops": self.prefill_flops(L),
+            "breakdown": self.breakdown(L),
+        }

@@ -1,0 +1,68 @@
+"""Marconi's admission rule: which positions of a request get an SSM-state checkpoint.
+
+The single home of the rule; the simulator and the SGLang cache both call ``plan_checkpoints``.
+
+- Purely-input reuse: the branch point that a speculative insertion of the request's input
+  finds (where the input leaves the tree in the middle of an edge, or at a node that has
+  children but no state) gets a checkpoint, rounded down to the checkpoint grid, if it lies
+  beyond the hit.
+- Input-plus-output reuse: the state after the last token whose KV exists (input + output
+  minus the last sampled token), rounded down to the grid, which is also where the cached
+  sequence ends: the tree gets the sequence only up to its last state.
+- At most ``max_states`` new checkpoints per request, the branch point first.
+
+The ``block`` rule is the vLLM+ baseline: a checkpoint at every block boundary.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class AdmissionPlan:
+    positions: tuple  # absolute token positions that get a state, ascending
+    cached_len: int   # tokens of the sequence the tree keeps (KV), = the last position
+    branch_len: int = 0  # the grid-aligned branch point, 0 if none was admitted
+
+
+def _floor(x: int, grid: int) -> int:
+    return (x // grid) * grid
+
+
+def cached_length(input_len: int, output_len: int, grid: int = 1, cache_output: bool = True) -> int:
+    """Tokens whose KV exists at finish (the last sampled token has none), on the grid."""
+    n = input_len + max(0, output_len - 1) if cache_output else input_len
+    return _floor(n, grid)
+
+
+def branch_checkpoint(input_len: int, hit_len: int, branch_len: int | None, grid: int = 1,
+                      max_states: int = 2) -> int:
+    """The mid-prompt position to checkpoint during this prefill (0: none): the branch point
+    rounded down to the grid, when it lies beyond the hit and inside the input."""
+    if grid < 1:
+        raise ValueError(f"checkpoint grid must be >= 1, got {grid}")
+    branch = _floor(branch_len, grid) if branch_len else 0
+    return branch if max_states > 0 and hit_len < branch < input_len else 0
+
+
+def plan_checkpoints(input_len: int, output_len: int, hit_len: int, branch_len: int | None,
+                     grid: int = 1, max_states: int = 2, cache_output: bool = True
+                     ) -> AdmissionPlan:
+    """Marconi admission: the branch point (if any) and the end of the cached sequence."""
+    branch = branch_checkpoint(input_len, hit_len, branch_len, grid, max_states)
+    end = cached_length(input_len, output_len, grid, cache_output)
+    positions = [branch] if branch and branch < end else []
+    if end > hit_len:
+        positions.append(end)
+    positions = positions[:max(0, max_states)]
+    cached = positions[-1] if positions else 0
+    return AdmissionPlan(tuple(positions), cached, branch if branch in positions else 0)
+
+
+def plan_block_checkpoints(input_len: int, output_len: int, hit_len: int, block: int = 32,
+                           cache_output: bool = True) -> AdmissionPlan:
+    """vLLM+ admission: a state at every block boundary beyond the hit (full blocks only)."""
+    end = cached_length(input_len, output_len, block, cache_output)
+    start = _floor(hit_len, block) + block
+    positions = tuple(range(start, end + 1, block))
+    return AdmissionPlan(positions, positions[-1] if positions else 0, 0)

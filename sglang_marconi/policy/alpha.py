@@ -1,0 +1,59 @@
+"""Choosing alpha (the weight of FLOP efficiency against recency) from the live trace.
+
+The paper's bootstrap: record requests until the first eviction; once k times that many
+requests have been seen (k = ``multiplier``, 5 by default, 15 for short-turn chat), replay the
+recorded window on fresh copies of the cache for a grid of alphas (0 to 2 step 0.1) and keep
+the alpha that saves the most prefill FLOPs (ties: the smallest alpha, i.e. closest to LRU).
+It is fitted once. The replay itself is supplied by the caller (``replay(window, alpha) ->
+FLOPs saved``), so the simulator and the SGLang cache share this tuner.
+"""
+from __future__ import annotations
+
+DEFAULT_GRID = tuple(round(0.1 * i, 1) for i in range(21))
+
+
+class AlphaTuner:
+    def __init__(self, replay, grid=DEFAULT_GRID, multiplier: float = 5, initial: float = 0.0):
+        if multiplier <= 0:
+            raise ValueError(f"bootstrap multiplier must be positive, got {multiplier}")
+        self.replay = replay
+        self.grid = tuple(grid)
+        self.multiplier = multiplier
+        self.alpha = float(initial)
+        self.window: list = []
+        self.first_eviction_at: int | None = None  # requests seen at the first eviction
+        self.tuned = False
+        self.scores: dict[float, float] = {}
+
+    @property
+    def recording(self) -> bool:
+        return not self.tuned
+
+    @property
+    def window_target(self) -> int | None:
+        if self.first_eviction_at is None:
+            return None
+        return max(1, int(round(self.multiplier * self.first_eviction_at)))
+
+    def observe_eviction(self) -> None:
+        if self.first_eviction_at is None:
+            self.first_eviction_at = max(1, len(self.window))
+
+    def observe_request(self, request) -> float | None:
+        """Record a finished request; returns the new alpha when this request completes the
+        bootstrap window (the tuning happens then), else None."""
+        if self.tuned:
+            return None
+        self.window.append(request)
+        target = self.window_target
+        if target is None or len(self.window) < target:
+            return None
+        return self.tune()
+
+    def tune(self) -> float:
+        self.scores = {a: float(self.replay(self.window, a)) for a in self.grid}
+        best = max(self.scores.values())
+        self.alpha = min(a for a, s in self.scores.items() if s == best)
+        self.tuned = True
+        self.window = []  # the recording is no longer needed
+        return self.alpha

@@ -1,0 +1,230 @@
+"""``PrefixCache``: a byte-budgeted hybrid prefix cache driven one request at a time.
+
+It ties together the tree (``tree``), the admission rule (``admission``), FLOP-aware
+eviction (``scoring``) and alpha tuning (``alpha``), and keeps the statistics the simulator
+reports. It holds no tensors: ``on_evict`` lets a caller keep real states keyed by node id
+(the exactness check does).
+
+Per request: ``plan = begin(input_tokens)`` (match, speculative insertion: where to
+checkpoint during prefill), then ``finish(plan, full_tokens)`` with the tokens whose KV
+exists at the end (input + output minus the last sampled token): admission, eviction to make
+room, insertion. The byte budget is never exceeded: when eviction cannot free enough, the
+request's admission is cut back to its branch-point state, or to nothing, and counted.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sglang_marconi.policy.admission import (branch_checkpoint, plan_block_checkpoints,
+                                             plan_checkpoints)
+from sglang_marconi.policy.alpha import DEFAULT_GRID, AlphaTuner
+from sglang_marconi.policy.tree import RadixTree, as_tokens
+
+
+@dataclass
+class CacheStats:
+    requests: int = 0
+    input_tokens: int = 0
+    hit_tokens: int = 0
+    hit_requests: int = 0
+    prefill_flops: float = 0.0   # FLOPs of all prefills without any cache
+    flops_saved: float = 0.0
+    states_admitted: int = 0
+    states_evicted: int = 0        # all states freed by eviction
+    states_dropped: int = 0        # ... of which by dropping the state of a one-child node
+    nodes_deleted: int = 0
+    kv_tokens_evicted: int = 0
+    admissions_truncated: int = 0  # admitted only the branch-point state
+    admissions_rejected: int = 0   # admitted nothing: eviction could not make room
+    peak_bytes: int = 0
+    evictions: int = 0
+    per_request_hits: list = field(default_factory=list, repr=False)
+
+    @property
+    def token_hit_rate(self) -> float:
+        return self.hit_tokens / self.input_tokens if self.input_tokens else 0.0
+
+    @property
+    def request_hit_rate(self) -> float:
+        return self.hit_requests / self.requests if self.requests else 0.0
+
+    @property
+    def flops_saved_fraction(self) -> float:
+        return self.flops_saved / self.prefill_flops if self.prefill_flops else 0.0
+
+
+@dataclass
+class RequestPlan:
+    index: int
+    input_tokens: np.ndarray
+    hit_len: int
+    hit_node: object
+    kv_len: int
+    branch_len: int
+    checkpoint_positions: tuple  # positions inside the input to capture during prefill
+
+
+class PrefixCache:
+    """A hybrid prefix cache with Marconi (or vLLM+ block) admission and scored eviction.
+
+    ``alpha`` is a number (0 = LRU) or ``"auto"`` (bootstrap tuning). ``capacity_bytes=None``
+    is unlimited. ``admission``: "marconi" or "block" (vLLM+: a state every ``block`` tokens).
+    """
+
+    def __init__(self, spec, capacity_bytes: int | None = None, alpha=0.0,
+                 admission: str = "marconi", grid: int = 1, block: int = 32,
+                 max_states_per_request: int = 2, bootstrap_multiplier: float = 5,
+                 alpha_grid=DEFAULT_GRID, cache_output: bool = True,
+                 record_hits: bool = False):
+        if admission not in ("marconi", "block"):
+            raise ValueError(f"unknown admission {admission!r}")
+        self.spec = spec
+        self.capacity = capacity_bytes
+        self.admission = admission
+        self.grid = grid
+        self.block = block
+        self.max_states = max_states_per_request
+        self.cache_output = cache_output
+        self.record_hits = record_hits
+        self.stats = CacheStats()
+        self.auto_alpha = alpha == "auto"
+        self.tree = RadixTree(spec, alpha=0.0 if self.auto_alpha else float(alpha))
+        self.tree.on_state_dropped = self._state_dropped
+        self.on_evict = None  # callback(node) when a node's state is freed
+        self._clock = itertools.count(1)
+        self._config = dict(capacity_bytes=capacity_bytes, admission=admission, grid=grid,
+                            block=block, max_states_per_request=max_states_per_request,
+                            cache_output=cache_output)
+        self.tuner = (AlphaTuner(self._replay_alpha, alpha_grid, bootstrap_multiplier)
+                      if self.auto_alpha else None)
+
+    # ---- alpha ------------------------------------------------------------------------------
+    @property
+    def alpha(self) -> float:
+        return self.tree.queue.alpha
+
+    def set_alpha(self, alpha: float) -> None:
+        self.tree.queue.set_alpha(alpha)
+
+    def _replay_alpha(self, window, alpha: float) -> float:
+        shadow = PrefixCache(self.spec, alpha=alpha, **self._config)
+        for input_tokens, full_tokens in window:
+            shadow.process(input_tokens, full_tokens)
+        return shadow.stats.flops_saved
+
+    # ---- the request path -------------------------------------------------------------------
+    def begin(self, input_tokens) -> RequestPlan:
+        tokens = as_tokens(input_tokens)
+        n = len(tokens)
+        now = next(self._clock)
+        m = self.tree.match(tokens, limit=max(0, n - 1))
+        st = self.stats
+        st.requests += 1
+        st.input_tokens += n
+        st.prefill_flops += self.spec.prefill_flops(n)
+        if m.hit_node is not None:
+            m.hit_node.last_access = now
+            m.hit_node.hits += 1
+            self.tree.refresh(m.hit_node)
+            st.hit_tokens += m.hit_len
+            st.hit_requests += 1
+            st.flops_saved += self.spec.flops_saved(m.hit_len, 0)
+        if self.record_hits:
+            st.per_request_hits.append(m.hit_len)
+        positions = ()
+        if self.admission == "marconi":
+            b = branch_checkpoint(n, m.hit_len, m.branch_len, self.grid, self.max_states)
+            positions = (b,) if b else ()
+        return RequestPlan(now, tokens, m.hit_len, m.hit_node, m.kv_len, m.branch_len, positions)
+
+    def _plan(self, plan: RequestPlan, full_len: int):
+        n = len(plan.input_tokens)
+        output_len = full_len - n + 1
+        if self.admission == "block":
+            return plan_block_checkpoints(n, output_len, plan.hit_len, self.block,
+                                          self.cache_output)
+        return plan_checkpoints(n, output_len, plan.hit_len, plan.branch_len, self.grid,
+                                self.max_states, self.cache_output)
+
+    def finish(self, plan: RequestPlan, full_tokens) -> dict:
+        """Admit the request's states and KV; returns {position: node} of stored states."""
+        full = as_tokens(full_tokens)
+        adm = self._plan(plan, len(full))
+        if not adm.positions:
+            self._after_request(plan, full)
+            return {}
+        attempts = [adm.positions]
+        if adm.branch_len:
+            attempts.append((adm.branch_len,))
+        out: dict = {}
+        for i, positions in enumerate(attempts):
+            seq = full[:positions[-1]]
+            if self._make_room(seq, positions):
+                out, new = self.tree.insert(seq, positions, plan.index)
+                self.stats.states_admitted += new
+                if i > 0:
+                    self.stats.admissions_truncated += 1
+                break
+        else:
+            self.stats.admissions_rejected += 1
+        self.stats.peak_bytes = max(self.stats.peak_bytes, self.tree.bytes_used)
+        self._after_request(plan, full)
+        return out
+
+    def process(self, input_tokens, full_tokens) -> int:
+        """begin + finish for a simulator: returns the hit length."""
+        plan = self.begin(input_tokens)
+        self.finish(plan, full_tokens)
+        return plan.hit_len
+
+    def _after_request(self, plan: RequestPlan, full: np.ndarray) -> None:
+        if self.tuner is not None and self.tuner.recording:
+            new_alpha = self.tuner.observe_request((plan.input_tokens, full))
+            if new_alpha is not None:
+                self.set_alpha(new_alpha)
+
+    # ---- capacity ---------------------------------------------------------------------------
+    def _make_room(self, seq: np.ndarray, positions) -> bool:
+        tree = self.tree
+        needed = tree.bytes_to_insert(seq, positions)
+        if self.capacity is None:
+            return True
+        if needed > self.capacity:
+            return False
+        if tree.bytes_used + needed <= self.capacity:
+            return True
+        guard = tree.match(seq).edge_node  # protect the path this request extends
+        tree.lock(guard)
+        try:
+            while tree.bytes_used + needed > self.capacity:
+                if not self._evict_one():
+                    return False
+            needed = tree.bytes_to_insert(seq, positions)
+            return tree.bytes_used + needed <= self.capacity
+        finally:
+            tree.unlock(guard)
+
+    def _evict_one(self) -> bool:
+        kv_before = self.tree.num_kv_tokens
+        res = self.tree.evict_one()
+        if res is None:
+            return False
+        action, _node = res
+        st = self.stats
+        st.evictions += 1
+        if action == "delete":
+            st.nodes_deleted += 1
+        st.kv_tokens_evicted += kv_before - self.tree.num_kv_tokens
+        if self.tuner is not None:
+            self.tuner.observe_eviction()
+        return True
+
+    def _state_dropped(self, node) -> None:
+        self.stats.states_evicted += 1
+        if node.children:
+            self.stats.states_dropped += 1
+        if self.on_evict is not None:
+            self.on_evict(node)

@@ -1,0 +1,131 @@
+"""Marconi's eviction scoring: FLOP efficiency and the utility-ordered victim queue.
+
+This is the single home of the scoring rule; the simulator's tree and the SGLang cache both
+call it.
+
+Utility of a candidate = norm(recency) + alpha * norm(flop efficiency), lowest evicted first.
+``flop_efficiency`` is FLOPs a hit at the node saves over a hit at its nearest ancestor that
+still holds a state, per byte its eviction frees. alpha = 0 is plain LRU.
+
+Stale scores and cost. The paper min-max normalises over the current candidates before every
+eviction, which costs a rescan of all candidates per evicted node. Here the normalisation
+bounds (min and max recency and efficiency over the candidates) are *frozen* between
+refreshes: with frozen bounds every key is a fixed linear function of (recency, efficiency),
+so a binary heap orders the candidates exactly. A candidate whose inputs change (accessed,
+split, merged, gained or lost a checkpointed ancestor, locked) is re-pushed with a new
+version and its old heap entry is skipped when popped (lazy invalidation). The bounds are
+refreshed, and the heap rebuilt in O(n), once the number of pushes since the last rebuild
+exceeds the number of live candidates (at least ``MIN_REFRESH``), so the rebuild is paid for
+by the pushes it follows: one eviction costs amortised O(log n). Between refreshes the
+ordering equals the paper's for the bounds of the last refresh; recency keys of nodes touched
+after it may exceed 1, which keeps them correctly the most recent.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+
+MIN_REFRESH = 64
+
+
+def flop_efficiency(spec, prefix_len: int, ancestor_prefix_len: int, freed_bytes: float,
+                    has_state: bool = True) -> float:
+    """FLOPs saved by a hit at this node over a hit at the nearest checkpointed ancestor,
+    divided by the bytes its eviction frees. A node without a state cannot end a hit: 0."""
+    if not has_state or freed_bytes <= 0:
+        return 0.0
+    return spec.flops_saved(prefix_len, ancestor_prefix_len) / freed_bytes
+
+
+def utility(recency_norm: float, efficiency_norm: float, alpha: float) -> float:
+    """The paper's utility S = norm(R) + alpha * norm(E)."""
+    return recency_norm + alpha * efficiency_norm
+
+
+class VictimQueue:
+    """Candidates ordered by utility; ``pop_victim`` returns the lowest. O(log n) amortised.
+
+    Nodes may be any hashable objects. ``update(node, recency, efficiency)`` inserts or
+    re-keys a candidate, ``discard(node)`` removes one.
+    """
+
+    def __init__(self, alpha: float = 0.0):
+        self.alpha = float(alpha)
+        self._live: dict = {}  # node -> (version, recency, efficiency, seq)
+        self._heap: list = []
+        self._version = itertools.count()
+        self._seq = itertools.count()  # insertion order: LRU tie-break
+        self._pushes = 0
+        self._bounds = (0.0, 1.0, 0.0, 1.0)  # r_lo, r_span, e_lo, e_span
+        self.rebuilds = 0
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def __contains__(self, node) -> bool:
+        return node in self._live
+
+    def set_alpha(self, alpha: float) -> None:
+        if float(alpha) != self.alpha:
+            self.alpha = float(alpha)
+            self._rebuild()
+
+    def _key(self, recency: float, efficiency: float) -> float:
+        if self.alpha == 0.0:
+            return recency
+        r_lo, r_span, e_lo, e_span = self._bounds
+        return utility((recency - r_lo) / r_span, (efficiency - e_lo) / e_span, self.alpha)
+
+    def key_of(self, node) -> float:
+        """The utility the queue currently ranks ``node`` by."""
+        _, r, e, _ = self._live[node]
+        return self._key(r, e)
+
+    def update(self, node, recency: float, efficiency: float) -> None:
+        old = self._live.get(node)
+        if old is not None and old[1] == recency and old[2] == efficiency:
+            return
+        seq = old[3] if old is not None and old[1] == recency else next(self._seq)
+        version = next(self._version)
+        self._live[node] = (version, recency, efficiency, seq)
+        heapq.heappush(self._heap, (self._key(recency, efficiency), seq, version, node))
+        self._pushes += 1
+
+    def discard(self, node) -> None:
+        self._live.pop(node, None)
+
+    def _rebuild(self) -> None:
+        live = self._live
+        if live:
+            rs = [v[1] for v in live.values()]
+            es = [v[2] for v in live.values()]
+            r_lo, e_lo = min(rs), min(es)
+            self._bounds = (r_lo, (max(rs) - r_lo) or 1.0, e_lo, (max(es) - e_lo) or 1.0)
+        self._heap = [(self._key(r, e), seq, ver, node) for node, (ver, r, e, seq) in live.items()]
+        heapq.heapify(self._heap)
+        self._pushes = 0
+        self.rebuilds += 1
+
+    def peek_victim(self):
+        """The lowest-utility live candidate, or None (does not remove it)."""
+        if self.alpha != 0.0 and self._pushes > max(MIN_REFRESH, len(self._live)):
+            self._rebuild()
+        heap, live = self._heap, self._live
+        while heap:
+            _, _, version, node = heap[0]
+            entry = live.get(node)
+            if entry is not None and entry[0] == version:
+                return node
+            heapq.heappop(heap)
+        return None
+
+    def pop_victim(self):
+        node = self.peek_victim()
+        if node is not None:
+            heapq.heappop(self._heap)
+            del self._live[node]
+        return node
+
+    def ordered(self) -> list:
+        """All live candidates, lowest utility first (for tests and debugging; O(n log n))."""
+        return sorted(self._live, key=lambda n: (self.key_of(n), self._live[n][3]))
