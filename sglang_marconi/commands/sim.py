@@ -1,0 +1,108 @@
+"""``sim``: replay a trace (file or generated workload) through cache policies."""
+from __future__ import annotations
+
+import sys
+
+from sglang_marconi.commands.common import (add_model_arguments, human_bytes, human_flops,
+                                            model_from_args, parse_bytes, print_json)
+from sglang_marconi.errors import UserError
+
+
+def add_arguments(parser) -> None:
+    src = parser.add_argument_group("trace (one of)")
+    src.add_argument("--trace", metavar="PATH", help="Mooncake or session JSONL trace")
+    src.add_argument("--workload", metavar="NAME",
+                     help="a generated workload: chat, agent, shared-prompt, fork-join, drift")
+    src.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
+    src.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                     help="generator parameter override, repeatable (e.g. sessions=100)")
+    src.add_argument("--limit", type=int, help="replay only the first N requests")
+    add_model_arguments(parser)
+    parser.add_argument("--capacity", default="40GB",
+                        help="cache budget in bytes, e.g. 40GB (default 40GB)")
+    parser.add_argument("--capacities", help="several budgets, e.g. 10GB,20GB,40GB (a sweep)")
+    parser.add_argument("--policies", default="vllm+,sglang+,marconi,infinite",
+                        help="comma-separated: vllm+, sglang+, marconi[:alpha=X|auto], infinite")
+    parser.add_argument("--grid", type=int, default=1,
+                        help="checkpoint granularity in tokens (64 mirrors SGLang; default 1)")
+    parser.add_argument("--gpu", default="a100", help="TTFT model GPU: a100, h100, h200, l40s, b200")
+    parser.add_argument("--mfu", type=float, default=0.5, help="TTFT model MFU (default 0.5)")
+    parser.add_argument("--ttft-overhead", type=float, default=0.02,
+                        help="TTFT model fixed overhead in seconds (default 0.02)")
+    parser.add_argument("--jobs", type=int, default=1, help="policies replayed in parallel")
+    parser.add_argument("--plot", metavar="FILE.png", help="draw the results")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def load_trace(args):
+    from sglang_marconi.sim.generators import generate
+    from sglang_marconi.sim.traces import read_trace
+
+    if bool(args.trace) == bool(args.workload):
+        raise UserError("give exactly one of --trace PATH or --workload NAME")
+    if args.trace:
+        if args.param:
+            raise UserError("--param applies to --workload only")
+        trace = read_trace(args.trace)
+    else:
+        overrides = {}
+        for item in args.param:
+            if "=" not in item:
+                raise UserError(f"--param {item!r}: expected KEY=VALUE")
+            k, v = item.split("=", 1)
+            overrides[k] = v
+        trace = generate(args.workload, seed=args.seed, **overrides)
+    if args.limit is not None:
+        if args.limit <= 0:
+            raise UserError("--limit must be positive")
+        trace = trace.head(args.limit)
+    return trace
+
+
+def run(args) -> int:
+    from sglang_marconi.sim.latency import LatencyModel
+    from sglang_marconi.sim.policies import parse_policies
+    from sglang_marconi.sim.runner import simulate
+
+    if args.grid < 1:
+        raise UserError("--grid must be >= 1")
+    policies = parse_policies(args.policies)
+    latency = LatencyModel(args.gpu, args.mfu, args.ttft_overhead)
+    spec = model_from_args(args, default_preset="paper-7b")
+    trace = load_trace(args)
+    caps = ([parse_bytes(c, "--capacities") for c in args.capacities.split(",") if c.strip()]
+            if args.capacities else [parse_bytes(args.capacity, "--capacity")])
+    progress = not args.no_progress and sys.stderr.isatty()
+    runs = [simulate(trace, spec, cap, policies, args.grid, latency, progress, args.jobs)
+            for cap in caps]
+    if args.plot:
+        from sglang_marconi.sim.plots import plot_runs
+
+        plot_runs(runs, args.plot)
+    if args.json:
+        print_json(runs[0] if len(runs) == 1 else {"runs": runs})
+    else:
+        for res in runs:
+            print_table(res)
+        if args.plot:
+            print(f"plot written to {args.plot}")
+    return 0
+
+
+def print_table(res: dict) -> None:
+    cap = res["capacity_bytes"]
+    print(f"\ntrace {res['trace']}: {res['requests']:,} requests, {res['input_tokens']:,} input "
+          f"tokens | model {res['model']} | capacity {human_bytes(cap) if cap else 'unlimited'}")
+    cols = ("policy", "tok hit", "req hit", "FLOPs saved", "(frac)", "of inf", "ckpt in",
+            "ckpt out", "peak", "TTFT p50", "TTFT p95", "alpha", "wall")
+    print(" ".join(f"{c:>11}" for c in cols))
+    for name, r in res["policies"].items():
+        frac_inf = r.get("fraction_of_infinite_flops")
+        row = (name, f"{r['token_hit_rate']:.2%}", f"{r['request_hit_rate']:.2%}",
+               human_flops(r["flops_saved"]), f"{r['flops_saved_fraction']:.2%}",
+               f"{frac_inf:.2%}" if frac_inf is not None else "-", f"{r['states_admitted']:,}",
+               f"{r['states_evicted']:,}", human_bytes(r["peak_bytes"]),
+               f"{r['ttft_p50_s'] * 1e3:.0f} ms", f"{r['ttft_p95_s'] * 1e3:.0f} ms",
+               f"{r['alpha']:.1f}", f"{r['wall_s']:.1f} s")
+        print(" ".join(f"{c:>11}" for c in row))

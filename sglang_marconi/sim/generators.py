@@ -1,0 +1,249 @@
+"""Seeded synthetic workloads (``gen-trace`` writes them; ``sim --workload`` replays them).
+
+Every generator is deterministic for a seed and documents its parameters in its dataclass.
+Token ids come from one counter per trace, so two sequences share tokens only where the
+workload makes them share (a system prompt, a conversation's history), never by accident.
+Timing: a turn arrives after the previous turn's response (output tokens at
+``decode_tok_s``) plus a think/tool time; sessions start as a Poisson process.
+
+- ``chat``: multi-turn chat with ShareGPT / LMSys-Chat-like turn and length statistics; the
+  next turn's input is the whole history plus a new user message.
+- ``agent``: SWE-agent-like trajectories: a long system prompt shared by all sessions, a task
+  description, 10-50 turns of action + tool observation; observations older than the last
+  ``keep_last`` are replaced by a short placeholder, which creates branch points.
+- ``shared-prompt``: single-turn requests sharing a few long system prompts (Zipf popularity).
+- ``fork-join``: SGLang frontend programs (``sgl.function`` with ``fork``): a shared few-shot
+  prefix, ``k`` forks that each extend prefix + question, then a join that reads them all.
+- ``drift``: phases with different mixes (chat, then agent sessions, then chat again).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+import numpy as np
+
+from sglang_marconi.errors import UserError
+from sglang_marconi.sim.traces import Request, Trace
+
+
+class _Tokens:
+    def __init__(self, start: int = 1):
+        self.next = start
+
+    def fresh(self, n: int) -> np.ndarray:
+        out = np.arange(self.next, self.next + n, dtype=np.int64)
+        self.next += n
+        return out
+
+
+def _lognormal(rng, median, sigma, lo, hi) -> int:
+    return int(np.clip(round(rng.lognormal(np.log(median), sigma)), lo, hi))
+
+
+@dataclass
+class ChatParams:
+    sessions: int = 200
+    session_rate: float = 0.5       # sessions started per second (Poisson)
+    mean_turns: float = 4.0         # geometric turns per session (ShareGPT ~3.5, LMSys ~2)
+    max_turns: int = 30
+    user_median: int = 60           # tokens per user message (lognormal)
+    user_sigma: float = 1.0
+    output_median: int = 220        # tokens per response (lognormal)
+    output_sigma: float = 0.8
+    max_len: int = 2048
+    system_prompt: int = 0          # tokens of a system prompt shared by all sessions
+    typing_tok_s: float = 2.0       # think time = user message / typing speed
+    decode_tok_s: float = 50.0
+
+
+@dataclass
+class AgentParams:
+    sessions: int = 40
+    session_rate: float = 0.1
+    system_prompt: int = 3000       # shared by every session (tool docs, instructions)
+    task_median: int = 800          # the issue text, unique per session
+    min_turns: int = 10
+    max_turns: int = 50
+    action_median: int = 150        # model output per turn
+    observation_median: int = 600   # tool output per turn
+    observation_sigma: float = 1.0
+    max_observation: int = 8000
+    keep_last: int = 5              # observations older than this are replaced
+    placeholder: int = 12           # tokens of "Old environment output omitted"
+    tool_time_s: float = 2.0
+    decode_tok_s: float = 50.0
+
+
+@dataclass
+class SharedPromptParams:
+    requests: int = 2000
+    rate: float = 5.0               # requests per second (Poisson)
+    prompts: int = 4
+    prompt_min: int = 2000
+    prompt_max: int = 8000
+    zipf: float = 1.1
+    question_median: int = 200
+    output_median: int = 100
+
+
+@dataclass
+class ForkJoinParams:
+    programs: int = 300
+    rate: float = 1.0               # programs started per second
+    templates: int = 3              # distinct few-shot prefixes
+    prefix_len: int = 1500
+    question_median: int = 120
+    forks: int = 4
+    fork_prompt: int = 24           # the fork's own instruction ("approach i")
+    fork_output_median: int = 200
+    join_prompt: int = 30
+    join_output: int = 16
+    decode_tok_s: float = 50.0
+
+
+@dataclass
+class DriftParams:
+    chat_sessions: int = 150
+    agent_sessions: int = 30
+    session_rate: float = 0.5
+    agent_rate: float = 0.1
+
+
+def _starts(rng, n, rate) -> np.ndarray:
+    return np.cumsum(rng.exponential(1.0 / rate, size=n))
+
+
+def gen_chat(p: ChatParams, seed: int = 0, tok: _Tokens | None = None, t0: float = 0.0,
+             prefix: str = "chat") -> Trace:
+    rng = np.random.default_rng(seed)
+    tok = tok or _Tokens()
+    system = tok.fresh(p.system_prompt)
+    reqs = []
+    for s, start in enumerate(_starts(rng, p.sessions, p.session_rate) + t0):
+        turns = min(p.max_turns, int(rng.geometric(1.0 / p.mean_turns)))
+        history, t = system, start
+        for _ in range(turns):
+            user = tok.fresh(_lognormal(rng, p.user_median, p.user_sigma, 4, p.max_len))
+            inp = np.concatenate([history, user])
+            out = tok.fresh(_lognormal(rng, p.output_median, p.output_sigma, 4, p.max_len))
+            reqs.append(Request(inp, out, float(t), f"{prefix}-{s}"))
+            history = np.concatenate([inp, out])
+            t += len(out) / p.decode_tok_s + len(user) / p.typing_tok_s
+    return Trace("chat", sorted(reqs, key=lambda r: r.timestamp))
+
+
+def gen_agent(p: AgentParams, seed: int = 0, tok: _Tokens | None = None, t0: float = 0.0,
+              prefix: str = "agent") -> Trace:
+    rng = np.random.default_rng(seed)
+    tok = tok or _Tokens()
+    system = tok.fresh(p.system_prompt)
+    placeholder = tok.fresh(p.placeholder)
+    reqs = []
+    for s, start in enumerate(_starts(rng, p.sessions, p.session_rate) + t0):
+        task = tok.fresh(_lognormal(rng, p.task_median, 0.5, 50, 4000))
+        turns = int(rng.integers(p.min_turns, p.max_turns + 1))
+        steps: list[tuple[np.ndarray, np.ndarray]] = []  # (action, observation)
+        t = start
+        for i in range(turns):
+            parts = [system, task]
+            for j, (action, obs) in enumerate(steps):
+                parts += [action, obs if j >= len(steps) - p.keep_last else placeholder]
+            inp = np.concatenate(parts)
+            action = tok.fresh(_lognormal(rng, p.action_median, 0.6, 8, 2000))
+            reqs.append(Request(inp, action, float(t), f"{prefix}-{s}"))
+            obs = tok.fresh(_lognormal(rng, p.observation_median, p.observation_sigma, 8,
+                                       p.max_observation))
+            steps.append((action, obs))
+            t += len(action) / p.decode_tok_s + p.tool_time_s
+    return Trace("agent", sorted(reqs, key=lambda r: r.timestamp))
+
+
+def gen_shared_prompt(p: SharedPromptParams, seed: int = 0) -> Trace:
+    rng = np.random.default_rng(seed)
+    tok = _Tokens()
+    prompts = [tok.fresh(int(n)) for n in rng.integers(p.prompt_min, p.prompt_max + 1, p.prompts)]
+    weights = 1.0 / np.arange(1, p.prompts + 1) ** p.zipf
+    weights /= weights.sum()
+    reqs = []
+    for i, t in enumerate(_starts(rng, p.requests, p.rate)):
+        k = int(rng.choice(p.prompts, p=weights))
+        q = tok.fresh(_lognormal(rng, p.question_median, 0.8, 8, 4000))
+        out = tok.fresh(_lognormal(rng, p.output_median, 0.8, 4, 2000))
+        reqs.append(Request(np.concatenate([prompts[k], q]), out, float(t), f"req-{i}"))
+    return Trace("shared-prompt", reqs)
+
+
+def gen_fork_join(p: ForkJoinParams, seed: int = 0) -> Trace:
+    rng = np.random.default_rng(seed)
+    tok = _Tokens()
+    templates = [tok.fresh(p.prefix_len) for _ in range(p.templates)]
+    fork_prompts = [tok.fresh(p.fork_prompt) for _ in range(p.forks)]
+    join_prompt = tok.fresh(p.join_prompt)
+    reqs = []
+    for g, start in enumerate(_starts(rng, p.programs, p.rate)):
+        base = np.concatenate([templates[int(rng.integers(p.templates))],
+                               tok.fresh(_lognormal(rng, p.question_median, 0.6, 8, 2000))])
+        outs, done = [], start
+        for i in range(p.forks):
+            out = tok.fresh(_lognormal(rng, p.fork_output_median, 0.5, 8, 2000))
+            reqs.append(Request(np.concatenate([base, fork_prompts[i]]), out,
+                                float(start + 1e-3 * i), f"prog-{g}"))
+            outs.append(out)
+            done = max(done, start + len(out) / p.decode_tok_s)
+        join = np.concatenate([base, *outs, join_prompt])
+        reqs.append(Request(join, tok.fresh(p.join_output), float(done), f"prog-{g}"))
+    return Trace("fork-join", sorted(reqs, key=lambda r: r.timestamp))
+
+
+def gen_drift(p: DriftParams, seed: int = 0) -> Trace:
+    """Chat, then agent sessions, then chat again; ``phase`` of each request is recorded in
+    its session id prefix (chat1-, agent-, chat2-)."""
+    tok = _Tokens()
+    a = gen_chat(ChatParams(sessions=p.chat_sessions, session_rate=p.session_rate), seed, tok,
+                 0.0, "chat1")
+    t1 = a.requests[-1].timestamp + 1
+    b = gen_agent(AgentParams(sessions=p.agent_sessions, session_rate=p.agent_rate), seed + 1,
+                  tok, t1, "agent")
+    t2 = b.requests[-1].timestamp + 1
+    c = gen_chat(ChatParams(sessions=p.chat_sessions, session_rate=p.session_rate), seed + 2,
+                 tok, t2, "chat2")
+    return Trace("drift", a.requests + b.requests + c.requests)
+
+
+WORKLOADS = {
+    "chat": (ChatParams, gen_chat),
+    "agent": (AgentParams, gen_agent),
+    "shared-prompt": (SharedPromptParams, gen_shared_prompt),
+    "fork-join": (ForkJoinParams, gen_fork_join),
+    "drift": (DriftParams, gen_drift),
+}
+
+
+def parse_params(cls, overrides: dict):
+    known = {f.name: f for f in fields(cls)}
+    kwargs = {}
+    for key, value in overrides.items():
+        name = key.replace("-", "_")
+        if name not in known:
+            raise UserError(f"unknown workload parameter {key!r}; known: {', '.join(known)}")
+        typ = type(getattr(cls(), name))
+        try:
+            kwargs[name] = typ(value)
+        except ValueError:
+            raise UserError(f"workload parameter {key!r} must be a {typ.__name__}, "
+                            f"got {value!r}") from None
+        if kwargs[name] <= 0 and name != "system_prompt":
+            raise UserError(f"workload parameter {key!r} must be positive, got {value!r}")
+    return cls(**kwargs)
+
+
+def generate(name: str, seed: int = 0, **overrides) -> Trace:
+    """A workload by name with parameter overrides (``sessions=100``, ...)."""
+    if name not in WORKLOADS:
+        raise UserError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
+    cls, fn = WORKLOADS[name]
+    return fn(parse_params(cls, overrides), seed=seed)
+
+
+def workload_params(name: str) -> dict:
+    return asdict(WORKLOADS[name][0]())

@@ -1,0 +1,105 @@
+"""Policy names the simulator understands, and the cache each one builds.
+
+``NAME[:key=value[:key=value...]]``, e.g. ``marconi:alpha=0.5``, ``vllm+:block=64``.
+
+- ``vllm+``: a state at every ``block``-token boundary (32), LRU eviction.
+- ``sglang+``: Marconi admission, LRU eviction (alpha 0).
+- ``marconi``: Marconi admission, FLOP-aware eviction, alpha tuned by bootstrap (``alpha=auto``,
+  ``k`` = bootstrap multiplier) or fixed (``alpha=0.7``).
+- ``infinite``: Marconi admission, unlimited capacity: the ceiling on the trace.
+Options every policy takes: ``max_states`` (per request, default 2).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sglang_marconi.errors import UserError
+from sglang_marconi.policy.cache import PrefixCache
+
+BASE_POLICIES = ("vllm+", "sglang+", "marconi", "infinite")
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    label: str
+    name: str
+    options: tuple  # ((key, value), ...)
+
+    def option(self, key, default=None):
+        return dict(self.options).get(key, default)
+
+
+def parse_policy(text: str) -> PolicySpec:
+    parts = [p for p in text.strip().split(":")]
+    name = parts[0]
+    if name not in POLICY_BUILDERS:
+        raise UserError(f"unknown policy {name!r}; known: {', '.join(POLICY_BUILDERS)}")
+    options = []
+    for part in parts[1:]:
+        if "=" not in part:
+            raise UserError(f"policy {text!r}: option {part!r} must be key=value")
+        key, value = part.split("=", 1)
+        if key not in POLICY_OPTIONS[name]:
+            raise UserError(f"policy {text!r}: unknown option {key!r}; "
+                            f"{name} takes: {', '.join(POLICY_OPTIONS[name]) or 'none'}")
+        options.append((key, value))
+    return PolicySpec(text.strip(), name, tuple(options))
+
+
+def parse_policies(text: str) -> list[PolicySpec]:
+    specs = [parse_policy(p) for p in text.split(",") if p.strip()]
+    if not specs:
+        raise UserError("--policies is empty")
+    labels = [s.label for s in specs]
+    if len(set(labels)) != len(labels):
+        raise UserError(f"--policies names a policy twice: {text}")
+    return specs
+
+
+def _number(policy: PolicySpec, key: str, cast, default, minimum=None):
+    raw = policy.option(key)
+    if raw is None:
+        return default
+    try:
+        value = cast(raw)
+    except ValueError:
+        raise UserError(f"policy {policy.label!r}: option {key}={raw!r} is not a "
+                        f"{cast.__name__}") from None
+    if minimum is not None and value < minimum:
+        raise UserError(f"policy {policy.label!r}: option {key} must be >= {minimum}")
+    return value
+
+
+def _alpha(policy: PolicySpec, default="auto"):
+    raw = policy.option("alpha", default)
+    if raw in ("auto",):
+        return raw
+    return _number(policy, "alpha", float, 0.0, 0.0)
+
+
+def build_cache(policy: PolicySpec, spec, capacity, grid: int = 1) -> PrefixCache:
+    return POLICY_BUILDERS[policy.name](policy, spec, capacity, grid)
+
+
+def _common(policy):
+    return dict(max_states_per_request=_number(policy, "max_states", int, 2, 0))
+
+
+POLICY_BUILDERS = {
+    "vllm+": lambda p, spec, cap, grid: PrefixCache(
+        spec, cap, alpha=0.0, admission="block", block=_number(p, "block", int, 32, 1), grid=grid,
+        **_common(p)),
+    "sglang+": lambda p, spec, cap, grid: PrefixCache(spec, cap, alpha=0.0, grid=grid,
+                                                      **_common(p)),
+    "marconi": lambda p, spec, cap, grid: PrefixCache(
+        spec, cap, alpha=_alpha(p), grid=grid,
+        bootstrap_multiplier=_number(p, "k", float, 5, 0.1), **_common(p)),
+    "infinite": lambda p, spec, cap, grid: PrefixCache(spec, None, alpha=0.0, grid=grid,
+                                                       **_common(p)),
+}
+POLICY_OPTIONS = {
+    "vllm+": ("block", "max_states"),
+    "sglang+": ("max_states",),
+    "marconi": ("alpha", "k", "max_states"),
+    "infinite": ("max_states",),
+}
