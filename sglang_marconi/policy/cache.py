@@ -196,14 +196,17 @@ class PrefixCache:
             return False
         if tree.bytes_used + needed <= self.capacity:
             return True
-        guard = tree.match(seq).edge_node  # protect the path this request extends
+        # Protect the part of the tree this request reuses (its matched path up to the last
+        # fully matched node: the hit is on it); a partially matched edge may be evicted, the
+        # bytes needed are then recomputed.
+        guard = tree.match(seq).kv_node
         tree.lock(guard)
         try:
             while tree.bytes_used + needed > self.capacity:
                 if not self._evict_one():
                     return False
-            needed = tree.bytes_to_insert(seq, positions)
-            return tree.bytes_used + needed <= self.capacity
+                needed = tree.bytes_to_insert(seq, positions)
+            return True
         finally:
             tree.unlock(guard)
 

@@ -106,10 +106,13 @@ class VictimQueue:
         self._pushes = 0
         self.rebuilds += 1
 
-    def peek_victim(self):
-        """The lowest-utility live candidate, or None (does not remove it)."""
+    def _maybe_rebuild(self) -> None:
         if self.alpha != 0.0 and self._pushes > max(MIN_REFRESH, len(self._live)):
             self._rebuild()
+
+    def peek_victim(self):
+        """The lowest-utility live candidate, or None (does not remove it)."""
+        self._maybe_rebuild()
         heap, live = self._heap, self._live
         while heap:
             _, _, version, node = heap[0]
@@ -127,5 +130,7 @@ class VictimQueue:
         return node
 
     def ordered(self) -> list:
-        """All live candidates, lowest utility first (for tests and debugging; O(n log n))."""
+        """All live candidates, lowest utility first (for tests and debugging; O(n log n)).
+        Applies a due refresh first, so this is the order ``pop_victim`` will follow."""
+        self._maybe_rebuild()
         return sorted(self._live, key=lambda n: (self.key_of(n), self._live[n][3]))
