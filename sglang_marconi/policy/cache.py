@@ -21,6 +21,9 @@ import numpy as np
 from sglang_marconi.policy.admission import (branch_checkpoint, plan_block_checkpoints,
                                              plan_checkpoints)
 from sglang_marconi.policy.alpha import DEFAULT_GRID, AlphaTuner
+from sglang_marconi.policy.ghost import GhostIndex
+from sglang_marconi.policy.likelihood import EndStateUsefulness, ReuseWeight
+from sglang_marconi.policy.scoring import VictimQueue
 from sglang_marconi.policy.tree import RadixTree, as_tokens
 
 
@@ -39,6 +42,7 @@ class CacheStats:
     kv_tokens_evicted: int = 0
     admissions_truncated: int = 0  # admitted only the branch-point state
     admissions_rejected: int = 0   # admitted nothing: eviction could not make room
+    end_states_skipped: int = 0    # marconi+: end-of-request states not admitted (learned)
     peak_bytes: int = 0
     evictions: int = 0
     per_request_hits: list = field(default_factory=list, repr=False)
@@ -72,13 +76,20 @@ class PrefixCache:
 
     ``alpha`` is a number (0 = LRU) or ``"auto"`` (bootstrap tuning). ``capacity_bytes=None``
     is unlimited. ``admission``: "marconi" or "block" (vLLM+: a state every ``block`` tokens).
+
+    ``marconi+`` options: ``reuse_weight`` (a ``ReuseWeight``: victims ranked by expected FLOPs
+    saved per byte, with GDSF aging instead of normalised recency), ``ghost_tokens`` (a
+    ``GhostIndex`` of that many tokens finds branch points past evictions) and
+    ``end_threshold`` (end-of-request states admitted only while their measured reuse rate
+    is at least this; needs the ghost index).
     """
 
     def __init__(self, spec, capacity_bytes: int | None = None, alpha=0.0,
                  admission: str = "marconi", grid: int = 1, block: int = 32,
                  max_states_per_request: int = 2, bootstrap_multiplier: float = 5,
                  alpha_grid=DEFAULT_GRID, cache_output: bool = True,
-                 record_hits: bool = False):
+                 record_hits: bool = False, reuse_weight: ReuseWeight | None = None,
+                 ghost_tokens: int | None = None, end_threshold: float | None = None):
         if admission not in ("marconi", "block"):
             raise ValueError(f"unknown admission {admission!r}")
         self.spec = spec
@@ -91,13 +102,22 @@ class PrefixCache:
         self.record_hits = record_hits
         self.stats = CacheStats()
         self.auto_alpha = alpha == "auto"
-        self.tree = RadixTree(spec, alpha=0.0 if self.auto_alpha else float(alpha))
+        self.reuse_weight = reuse_weight
+        queue = VictimQueue(0.0 if self.auto_alpha else float(alpha),
+                            mode="gdsf" if reuse_weight is not None else "marconi")
+        self.tree = RadixTree(spec, queue=queue, value_weight=reuse_weight)
+        self.ghost = GhostIndex(ghost_tokens) if ghost_tokens else None
+        if end_threshold is not None and self.ghost is None:
+            raise ValueError("learned end-state admission needs the ghost index")
+        self.end_usefulness = (EndStateUsefulness(end_threshold)
+                               if end_threshold is not None else None)
         self.tree.on_state_dropped = self._state_dropped
         self.on_evict = None  # callback(node) when a node's state is freed
         self._clock = itertools.count(1)
         self._config = dict(capacity_bytes=capacity_bytes, admission=admission, grid=grid,
                             block=block, max_states_per_request=max_states_per_request,
-                            cache_output=cache_output)
+                            cache_output=cache_output, reuse_weight=reuse_weight,
+                            ghost_tokens=ghost_tokens, end_threshold=end_threshold)
         self.tuner = (AlphaTuner(self._replay_alpha, alpha_grid, bootstrap_multiplier)
                       if self.auto_alpha else None)
 
@@ -128,17 +148,25 @@ class PrefixCache:
         if m.hit_node is not None:
             m.hit_node.last_access = now
             m.hit_node.hits += 1
+            if self.reuse_weight is not None:
+                self.reuse_weight.record_hit(m.hit_node, now)
             self.tree.refresh(m.hit_node)
             st.hit_tokens += m.hit_len
             st.hit_requests += 1
             st.flops_saved += self.spec.flops_saved(m.hit_len, 0)
         if self.record_hits:
             st.per_request_hits.append(m.hit_len)
+        branch_len = m.branch_len
+        if self.ghost is not None:
+            ghost_branch, ghost_end = self.ghost.lookup(tokens, max(0, n - 1))
+            branch_len = max(branch_len, ghost_branch)
+            if ghost_end and self.end_usefulness is not None:
+                self.end_usefulness.observe_reuse()
         positions = ()
         if self.admission == "marconi":
-            b = branch_checkpoint(n, m.hit_len, m.branch_len, self.grid, self.max_states)
+            b = branch_checkpoint(n, m.hit_len, branch_len, self.grid, self.max_states)
             positions = (b,) if b else ()
-        return RequestPlan(now, tokens, m.hit_len, m.hit_node, m.kv_len, m.branch_len, positions)
+        return RequestPlan(now, tokens, m.hit_len, m.hit_node, m.kv_len, branch_len, positions)
 
     def _plan(self, plan: RequestPlan, full_len: int):
         n = len(plan.input_tokens)
@@ -153,6 +181,13 @@ class PrefixCache:
         """Admit the request's states and KV; returns {position: node} of stored states."""
         full = as_tokens(full_tokens)
         adm = self._plan(plan, len(full))
+        if self.ghost is not None:
+            self.ghost.record(full, adm.cached_len, plan.index)
+        if self.end_usefulness is not None and adm.positions:
+            self.end_usefulness.observe_end()
+            if not self.end_usefulness.admit() and adm.positions[-1] != adm.branch_len:
+                self.stats.end_states_skipped += 1
+                adm = type(adm)(adm.positions[:-1], adm.branch_len, adm.branch_len)
         if not adm.positions:
             self._after_request(plan, full)
             return {}

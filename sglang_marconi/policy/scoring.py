@@ -19,6 +19,12 @@ exceeds the number of live candidates (at least ``MIN_REFRESH``), so the rebuild
 by the pushes it follows: one eviction costs amortised O(log n). Between refreshes the
 ordering equals the paper's for the bounds of the last refresh; recency keys of nodes touched
 after it may exceed 1, which keeps them correctly the most recent.
+
+Mode ``gdsf`` (used by ``marconi+``) replaces the normalised sum with Greedy-Dual-Size-
+Frequency aging: key = L + efficiency, where L is an inflation clock (the key of the last
+victim) recorded when the node was last touched. Efficiency there is already weighted by the
+node's reuse likelihood. A node that is not touched keeps its old L, so it ages relative to
+the others without any rescan; keys never need normalising, so no rebuilds either.
 """
 from __future__ import annotations
 
@@ -49,9 +55,13 @@ class VictimQueue:
     re-keys a candidate, ``discard(node)`` removes one.
     """
 
-    def __init__(self, alpha: float = 0.0):
+    def __init__(self, alpha: float = 0.0, mode: str = "marconi"):
+        if mode not in ("marconi", "gdsf"):
+            raise ValueError(f"unknown scoring mode {mode!r}")
+        self.mode = mode
         self.alpha = float(alpha)
-        self._live: dict = {}  # node -> (version, recency, efficiency, seq)
+        self.clock = 0.0  # gdsf: the inflation value L
+        self._live: dict = {}  # node -> (version, recency, efficiency, seq, base)
         self._heap: list = []
         self._version = itertools.count()
         self._seq = itertools.count()  # insertion order: LRU tie-break
@@ -70,7 +80,9 @@ class VictimQueue:
             self.alpha = float(alpha)
             self._rebuild()
 
-    def _key(self, recency: float, efficiency: float) -> float:
+    def _key(self, recency: float, efficiency: float, base: float = 0.0) -> float:
+        if self.mode == "gdsf":
+            return base + efficiency
         if self.alpha == 0.0:
             return recency
         r_lo, r_span, e_lo, e_span = self._bounds
@@ -78,17 +90,19 @@ class VictimQueue:
 
     def key_of(self, node) -> float:
         """The utility the queue currently ranks ``node`` by."""
-        _, r, e, _ = self._live[node]
-        return self._key(r, e)
+        _, r, e, _, base = self._live[node]
+        return self._key(r, e, base)
 
     def update(self, node, recency: float, efficiency: float) -> None:
         old = self._live.get(node)
         if old is not None and old[1] == recency and old[2] == efficiency:
             return
-        seq = old[3] if old is not None and old[1] == recency else next(self._seq)
+        same_touch = old is not None and old[1] == recency
+        seq = old[3] if same_touch else next(self._seq)
+        base = old[4] if same_touch else self.clock
         version = next(self._version)
-        self._live[node] = (version, recency, efficiency, seq)
-        heapq.heappush(self._heap, (self._key(recency, efficiency), seq, version, node))
+        self._live[node] = (version, recency, efficiency, seq, base)
+        heapq.heappush(self._heap, (self._key(recency, efficiency, base), seq, version, node))
         self._pushes += 1
 
     def discard(self, node) -> None:
@@ -101,13 +115,14 @@ class VictimQueue:
             es = [v[2] for v in live.values()]
             r_lo, e_lo = min(rs), min(es)
             self._bounds = (r_lo, (max(rs) - r_lo) or 1.0, e_lo, (max(es) - e_lo) or 1.0)
-        self._heap = [(self._key(r, e), seq, ver, node) for node, (ver, r, e, seq) in live.items()]
+        self._heap = [(self._key(r, e, b), seq, ver, node)
+                      for node, (ver, r, e, seq, b) in live.items()]
         heapq.heapify(self._heap)
         self._pushes = 0
         self.rebuilds += 1
 
     def _maybe_rebuild(self) -> None:
-        if self.alpha != 0.0 and self._pushes > max(MIN_REFRESH, len(self._live)):
+        if self.mode == "marconi" and self.alpha != 0.0 and self._pushes > max(MIN_REFRESH, len(self._live)):
             self._rebuild()
 
     def peek_victim(self):
@@ -125,8 +140,10 @@ class VictimQueue:
     def pop_victim(self):
         node = self.peek_victim()
         if node is not None:
-            heapq.heappop(self._heap)
+            key = heapq.heappop(self._heap)[0]
             del self._live[node]
+            if self.mode == "gdsf":
+                self.clock = max(self.clock, key)
         return node
 
     def ordered(self) -> list:

@@ -37,7 +37,8 @@ def common_prefix_len(a: np.ndarray, b: np.ndarray) -> int:
 
 class Node:
     __slots__ = ("id", "parent", "children", "tokens", "prefix_len", "has_state",
-                 "last_access", "lock_ref", "hits", "max_children", "created", "__weakref__")
+                 "last_access", "lock_ref", "hits", "max_children", "created", "hit_score",
+                 "last_hit", "__weakref__")
 
     def __init__(self, node_id: int, parent, tokens: np.ndarray, now: float):
         self.id = node_id
@@ -51,6 +52,8 @@ class Node:
         self.hits = 0             # times a hit ended here (its state was consumed)
         self.max_children = 0     # the most children it ever had (>1: it was a branch point)
         self.created = now
+        self.hit_score = 0.0      # decayed hit count (``likelihood.ReuseWeight``)
+        self.last_hit = now
 
     def __repr__(self) -> str:
         return (f"Node(id={self.id}, prefix_len={self.prefix_len}, edge={len(self.tokens)}, "
@@ -73,7 +76,8 @@ class Match:
 class RadixTree:
     """Radix tree with byte accounting and an eviction-candidate queue."""
 
-    def __init__(self, spec, alpha: float = 0.0, queue: VictimQueue | None = None):
+    def __init__(self, spec, alpha: float = 0.0, queue: VictimQueue | None = None,
+                 value_weight=None):
         self.spec = spec
         self.kv_bytes = spec.kv_bytes_per_token
         self.state_bytes = spec.ssm_state_bytes
@@ -86,6 +90,7 @@ class RadixTree:
         self.num_kv_tokens = 0
         self.num_nodes = 1
         self.on_state_dropped = None  # callback(node) when a node's state is freed
+        self.value_weight = value_weight  # node -> reuse likelihood weight (marconi+), or None
 
     # ---- lookup ---------------------------------------------------------------------------
     def match(self, tokens, limit: int | None = None) -> Match:
@@ -137,8 +142,9 @@ class RadixTree:
         return n == 0 or (n == 1 and node.has_state)
 
     def efficiency(self, node: Node) -> float:
-        return flop_efficiency(self.spec, node.prefix_len, self.nearest_state_ancestor_len(node),
-                               self.freed_bytes(node), node.has_state)
+        e = flop_efficiency(self.spec, node.prefix_len, self.nearest_state_ancestor_len(node),
+                            self.freed_bytes(node), node.has_state)
+        return e * self.value_weight(node) if self.value_weight is not None and e else e
 
     def refresh(self, node: Node) -> None:
         """Re-evaluate whether ``node`` is a candidate and its score."""
@@ -306,7 +312,6 @@ class RadixTree:
         child.tokens = np.concatenate([node.tokens, child.tokens])
         child.parent = parent
         parent.children[int(node.tokens[0])] = child
-        child.max_children = max(child.max_children, node.max_children)
         self.queue.discard(node)
         self.num_nodes -= 1
         self.refresh(child)

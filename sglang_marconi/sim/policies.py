@@ -7,6 +7,11 @@
 - ``marconi``: Marconi admission, FLOP-aware eviction, alpha tuned by bootstrap (``alpha=auto``,
   ``k`` = bootstrap multiplier) or fixed (``alpha=0.7``).
 - ``infinite``: Marconi admission, unlimited capacity: the ceiling on the trace.
+- ``marconi+``: Marconi admission plus reuse likelihood (see ``policy.likelihood``): victims
+  ranked by expected FLOPs saved per byte with GDSF aging (``bonus`` for nodes that were
+  branch points, hit counts with ``half_life`` in requests), a ghost index of ``ghost`` x the
+  capacity's KV tokens for branch detection past evictions, and end-of-request states
+  admitted only while their measured reuse rate is >= ``end_threshold``.
 Options every policy takes: ``max_states`` (per request, default 2).
 """
 from __future__ import annotations
@@ -85,6 +90,21 @@ def _common(policy):
     return dict(max_states_per_request=_number(policy, "max_states", int, 2, 0))
 
 
+def _marconi_plus(p, spec, cap, grid):
+    import math
+
+    from sglang_marconi.policy.likelihood import ReuseWeight
+
+    weight = ReuseWeight(branch_bonus=_number(p, "bonus", float, 2.0, 0.0),
+                         half_life=_number(p, "half_life", float, math.inf, 1.0),
+                         chain_weight=_number(p, "chain", float, 0.0, 0.0))
+    ghost = _number(p, "ghost", float, 10.0, 0.0)
+    ghost_tokens = int(ghost * cap / spec.kv_bytes_per_token) if cap and ghost else None
+    threshold = _number(p, "end_threshold", float, 0.05, 0.0) if ghost_tokens else None
+    return PrefixCache(spec, cap, grid=grid, reuse_weight=weight, ghost_tokens=ghost_tokens,
+                       end_threshold=threshold, **_common(p))
+
+
 POLICY_BUILDERS = {
     "vllm+": lambda p, spec, cap, grid: PrefixCache(
         spec, cap, alpha=0.0, admission="block", block=_number(p, "block", int, 32, 1), grid=grid,
@@ -96,10 +116,12 @@ POLICY_BUILDERS = {
         bootstrap_multiplier=_number(p, "k", float, 5, 0.1), **_common(p)),
     "infinite": lambda p, spec, cap, grid: PrefixCache(spec, None, alpha=0.0, grid=grid,
                                                        **_common(p)),
+    "marconi+": _marconi_plus,
 }
 POLICY_OPTIONS = {
     "vllm+": ("block", "max_states"),
     "sglang+": ("max_states",),
     "marconi": ("alpha", "k", "max_states"),
     "infinite": ("max_states",),
+    "marconi+": ("bonus", "half_life", "chain", "ghost", "end_threshold", "max_states"),
 }

@@ -1,0 +1,46 @@
+"""A ghost index: token ids of recent sequences without their KV or states.
+
+Speculative insertion finds a branch point only against what the tree still holds; once
+LRU (or any policy) has evicted a request's unique tail, a later request that shares part of
+it looks brand new, and the shared prefix is never checkpointed. The ghost index remembers
+the token ids of the last ``max_tokens`` tokens' worth of sequences (8 bytes a token in host
+memory, against tens of kilobytes of KV on the GPU), so branch points are found even after
+eviction, and records where end-of-request states would have been, so the cache can measure
+whether such states are ever reused. It holds no tensors and no bytes of the cache budget.
+
+It is a ``RadixTree`` over a unit-cost model (one "byte" per token, no state bytes, no
+FLOPs), evicting least-recently-used leaves.
+"""
+from __future__ import annotations
+
+from sglang_marconi.policy.tree import RadixTree
+
+
+class _UnitCost:
+    kv_bytes_per_token = 1
+    ssm_state_bytes = 0
+
+    @staticmethod
+    def flops_saved(T, P=0):
+        return 0.0
+
+
+class GhostIndex:
+    def __init__(self, max_tokens: int):
+        if max_tokens <= 0:
+            raise ValueError("the ghost index needs a positive token budget")
+        self.max_tokens = int(max_tokens)
+        self.tree = RadixTree(_UnitCost())
+
+    def lookup(self, tokens, limit: int):
+        """(branch_len, end_len): where ``tokens`` leave the remembered sequences, and the
+        longest remembered end-of-request position (<= limit) they reach."""
+        m = self.tree.match(tokens, limit=limit)
+        return m.branch_len, m.hit_len
+
+    def record(self, tokens, end_position: int, now: float) -> None:
+        """Remember ``tokens`` with an end marker at ``end_position``; forget old leaves."""
+        self.tree.insert(tokens, [end_position] if end_position else [], now)
+        while self.tree.num_kv_tokens > self.max_tokens:
+            if self.tree.evict_one() is None:
+                break
