@@ -23,6 +23,7 @@ from sglang_marconi.policy.admission import (branch_checkpoint, plan_block_check
 from sglang_marconi.policy.alpha import DEFAULT_GRID, AlphaTuner
 from sglang_marconi.policy.ghost import GhostIndex
 from sglang_marconi.policy.likelihood import EndStateUsefulness, ReuseWeight
+from sglang_marconi.policy.online import OnlineAlpha
 from sglang_marconi.policy.scoring import VictimQueue
 from sglang_marconi.policy.tree import RadixTree, as_tokens
 
@@ -74,7 +75,8 @@ class RequestPlan:
 class PrefixCache:
     """A hybrid prefix cache with Marconi (or vLLM+ block) admission and scored eviction.
 
-    ``alpha`` is a number (0 = LRU) or ``"auto"`` (bootstrap tuning). ``capacity_bytes=None``
+    ``alpha`` is a number (0 = LRU), ``"auto"`` (bootstrap tuning) or ``"online"`` (shadow
+    caches, ``online`` = dict of ``OnlineAlpha`` options). ``capacity_bytes=None``
     is unlimited. ``admission``: "marconi" or "block" (vLLM+: a state every ``block`` tokens).
 
     ``marconi+`` options: ``reuse_weight`` (a ``ReuseWeight``: victims ranked by expected FLOPs
@@ -89,7 +91,8 @@ class PrefixCache:
                  max_states_per_request: int = 2, bootstrap_multiplier: float = 5,
                  alpha_grid=DEFAULT_GRID, cache_output: bool = True,
                  record_hits: bool = False, reuse_weight: ReuseWeight | None = None,
-                 ghost_tokens: int | None = None, end_threshold: float | None = None):
+                 ghost_tokens: int | None = None, end_threshold: float | None = None,
+                 online: dict | None = None):
         if admission not in ("marconi", "block"):
             raise ValueError(f"unknown admission {admission!r}")
         self.spec = spec
@@ -102,8 +105,9 @@ class PrefixCache:
         self.record_hits = record_hits
         self.stats = CacheStats()
         self.auto_alpha = alpha == "auto"
+        self.online_alpha = alpha == "online"
         self.reuse_weight = reuse_weight
-        queue = VictimQueue(0.0 if self.auto_alpha else float(alpha),
+        queue = VictimQueue(0.0 if alpha in ("auto", "online") else float(alpha),
                             mode="gdsf" if reuse_weight is not None else "marconi")
         self.tree = RadixTree(spec, queue=queue, value_weight=reuse_weight)
         self.ghost = GhostIndex(ghost_tokens) if ghost_tokens else None
@@ -120,6 +124,10 @@ class PrefixCache:
                             ghost_tokens=ghost_tokens, end_threshold=end_threshold)
         self.tuner = (AlphaTuner(self._replay_alpha, alpha_grid, bootstrap_multiplier)
                       if self.auto_alpha else None)
+        self.online = (OnlineAlpha(self._make_shadow, **(online or {}))
+                       if self.online_alpha else None)
+        if self.online is not None:
+            self.set_alpha(self.online.alpha)
 
     # ---- alpha ------------------------------------------------------------------------------
     @property
@@ -128,6 +136,13 @@ class PrefixCache:
 
     def set_alpha(self, alpha: float) -> None:
         self.tree.queue.set_alpha(alpha)
+
+    def _make_shadow(self, alpha: float, sample: float) -> "PrefixCache":
+        """A metadata-only copy of this cache's configuration with a fixed alpha."""
+        config = dict(self._config)
+        if config["capacity_bytes"] is not None:
+            config["capacity_bytes"] = int(config["capacity_bytes"] * sample)
+        return PrefixCache(self.spec, alpha=alpha, **config)
 
     def _replay_alpha(self, window, alpha: float) -> float:
         shadow = PrefixCache(self.spec, alpha=alpha, **self._config)
@@ -216,6 +231,10 @@ class PrefixCache:
         return plan.hit_len
 
     def _after_request(self, plan: RequestPlan, full: np.ndarray) -> None:
+        if self.online is not None:
+            new_alpha = self.online.observe(plan.input_tokens, full)
+            if new_alpha is not None:
+                self.set_alpha(new_alpha)
         if self.tuner is not None and self.tuner.recording:
             new_alpha = self.tuner.observe_request((plan.input_tokens, full))
             if new_alpha is not None:

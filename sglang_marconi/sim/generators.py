@@ -15,6 +15,13 @@ Timing: a turn arrives after the previous turn's response (output tokens at
 - ``fork-join``: SGLang frontend programs (``sgl.function`` with ``fork``): a shared few-shot
   prefix, ``k`` forks that each extend prefix + question, then a join that reads them all.
 - ``drift``: phases with different mixes (chat, then agent sessions, then chat again).
+- ``alpha-shift``: built so that the best fixed alpha differs between its two phases (a
+  test and benchmark of online alpha, not a model of real traffic): in the ``burst`` phase
+  long documents are queried in short bursts and then never again while a pool of
+  somewhat shorter prompts stays hot (their FLOPs per byte are a little lower, which min-max
+  normalisation magnifies, so a large alpha keeps the stale documents instead: recency
+  wins, alpha 0); in the ``steady`` phase long documents and short prompts are
+  equally popular for the whole phase (what a hit saves per byte wins: alpha > 0).
 """
 from __future__ import annotations
 
@@ -210,12 +217,64 @@ def gen_drift(p: DriftParams, seed: int = 0) -> Trace:
     return Trace("drift", a.requests + b.requests + c.requests)
 
 
+@dataclass
+class AlphaShiftParams:
+    requests_per_phase: int = 600
+    long_len: int = 8000
+    short_len: int = 300
+    short_prompts: int = 60
+    hot_len: int = 4000
+    hot_prompts: int = 10
+    steady_docs: int = 12
+    burst_len: int = 4           # queries per document in the burst phase
+    question: int = 40
+    output: int = 8
+    rate: float = 5.0
+
+
+def gen_alpha_shift(p: AlphaShiftParams, seed: int = 0) -> Trace:
+    rng = np.random.default_rng(seed)
+    tok = _Tokens()
+    shorts = [tok.fresh(p.short_len) for _ in range(p.short_prompts)]
+    hot = [tok.fresh(p.hot_len) for _ in range(p.hot_prompts)]
+    reqs, t = [], 0.0
+
+    def add(prefix, phase):
+        nonlocal t
+        t += rng.exponential(1.0 / p.rate)
+        inp = np.concatenate([prefix, tok.fresh(p.question)])
+        reqs.append(Request(inp, tok.fresh(p.output), t, f"{phase}-{len(reqs)}"))
+
+    def phase_burst():
+        i = 0
+        while i < p.requests_per_phase:
+            doc = tok.fresh(p.long_len)
+            for _ in range(p.burst_len):
+                add(doc, "burst")
+                add(hot[int(rng.integers(p.hot_prompts))], "burst")
+                i += 2
+
+    def phase_steady():
+        docs = [tok.fresh(p.long_len) for _ in range(p.steady_docs)]
+        for _ in range(p.requests_per_phase):
+            if rng.random() < 0.5:
+                add(docs[int(rng.integers(p.steady_docs))], "steady")
+            else:
+                add(shorts[int(rng.integers(p.short_prompts))], "steady")
+
+    phase_burst()
+    phase_steady()
+    phase_burst()
+    return Trace("alpha-shift", reqs)
+
+
 WORKLOADS = {
     "chat": (ChatParams, gen_chat),
     "agent": (AgentParams, gen_agent),
     "shared-prompt": (SharedPromptParams, gen_shared_prompt),
     "fork-join": (ForkJoinParams, gen_fork_join),
     "drift": (DriftParams, gen_drift),
+    "alpha-shift": (AlphaShiftParams, gen_alpha_shift),
 }
 
 

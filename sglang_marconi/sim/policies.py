@@ -5,7 +5,9 @@
 - ``vllm+``: a state at every ``block``-token boundary (32), LRU eviction.
 - ``sglang+``: Marconi admission, LRU eviction (alpha 0).
 - ``marconi``: Marconi admission, FLOP-aware eviction, alpha tuned by bootstrap (``alpha=auto``,
-  ``k`` = bootstrap multiplier) or fixed (``alpha=0.7``).
+  ``k`` = bootstrap multiplier), fixed (``alpha=0.7``) or online (``alpha=online``, shadow
+  caches for ``alphas=0/0.5/1/2`` over a ``window``, re-decided every ``period`` requests,
+  ``hysteresis``, miniature shadows with ``sample``=rate).
 - ``infinite``: Marconi admission, unlimited capacity: the ceiling on the trace.
 - ``marconi+``: Marconi admission plus reuse likelihood (see ``policy.likelihood``): victims
   ranked by expected FLOPs saved per byte with GDSF aging (``bonus`` for nodes that were
@@ -77,7 +79,7 @@ def _number(policy: PolicySpec, key: str, cast, default, minimum=None):
 
 def _alpha(policy: PolicySpec, default="auto"):
     raw = policy.option("alpha", default)
-    if raw in ("auto",):
+    if raw in ("auto", "online"):
         return raw
     return _number(policy, "alpha", float, 0.0, 0.0)
 
@@ -88,6 +90,19 @@ def build_cache(policy: PolicySpec, spec, capacity, grid: int = 1) -> PrefixCach
 
 def _common(policy):
     return dict(max_states_per_request=_number(policy, "max_states", int, 2, 0))
+
+
+def _online(p: PolicySpec) -> dict:
+    out = {}
+    if p.option("alphas"):
+        try:
+            out["alphas"] = tuple(float(x) for x in p.option("alphas").split("/"))
+        except ValueError:
+            raise UserError(f"policy {p.label!r}: alphas must be numbers separated by '/'") from None
+    for key, cast in (("window", int), ("period", int), ("hysteresis", float), ("sample", float)):
+        if p.option(key) is not None:
+            out[key] = _number(p, key, cast, None, 0)
+    return out
 
 
 def _marconi_plus(p, spec, cap, grid):
@@ -113,7 +128,7 @@ POLICY_BUILDERS = {
                                                       **_common(p)),
     "marconi": lambda p, spec, cap, grid: PrefixCache(
         spec, cap, alpha=_alpha(p), grid=grid,
-        bootstrap_multiplier=_number(p, "k", float, 5, 0.1), **_common(p)),
+        bootstrap_multiplier=_number(p, "k", float, 5, 0.1), online=_online(p), **_common(p)),
     "infinite": lambda p, spec, cap, grid: PrefixCache(spec, None, alpha=0.0, grid=grid,
                                                        **_common(p)),
     "marconi+": _marconi_plus,
@@ -121,7 +136,8 @@ POLICY_BUILDERS = {
 POLICY_OPTIONS = {
     "vllm+": ("block", "max_states"),
     "sglang+": ("max_states",),
-    "marconi": ("alpha", "k", "max_states"),
+    "marconi": ("alpha", "k", "max_states", "alphas", "window", "period", "hysteresis",
+                "sample"),
     "infinite": ("max_states",),
     "marconi+": ("bonus", "half_life", "chain", "ghost", "end_threshold", "max_states"),
 }
