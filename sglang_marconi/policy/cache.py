@@ -92,7 +92,7 @@ class PrefixCache:
                  alpha_grid=DEFAULT_GRID, cache_output: bool = True,
                  record_hits: bool = False, reuse_weight: ReuseWeight | None = None,
                  ghost_tokens: int | None = None, end_threshold: float | None = None,
-                 online: dict | None = None):
+                 online: dict | None = None, victim_chooser=None, end_admission=None):
         if admission not in ("marconi", "block"):
             raise ValueError(f"unknown admission {admission!r}")
         self.spec = spec
@@ -117,7 +117,11 @@ class PrefixCache:
                                if end_threshold is not None else None)
         self.tree.on_state_dropped = self._state_dropped
         self.on_evict = None  # callback(node) when a node's state is freed
+        # hooks of the offline reference: choose(cache) -> node; admit_end(plan, full, end)
+        self.victim_chooser = victim_chooser
+        self.end_admission = end_admission
         self._clock = itertools.count(1)
+        self._clock_now = 0  # the index (from 1) of the request being processed
         self._config = dict(capacity_bytes=capacity_bytes, admission=admission, grid=grid,
                             block=block, max_states_per_request=max_states_per_request,
                             cache_output=cache_output, reuse_weight=reuse_weight,
@@ -155,6 +159,7 @@ class PrefixCache:
         tokens = as_tokens(input_tokens)
         n = len(tokens)
         now = next(self._clock)
+        self._clock_now = now
         m = self.tree.match(tokens, limit=max(0, n - 1))
         st = self.stats
         st.requests += 1
@@ -200,7 +205,11 @@ class PrefixCache:
             self.ghost.record(full, adm.cached_len, plan.index)
         if self.end_usefulness is not None and adm.positions:
             self.end_usefulness.observe_end()
-            if not self.end_usefulness.admit() and adm.positions[-1] != adm.branch_len:
+        if adm.positions and adm.positions[-1] != adm.branch_len:
+            admit = (self.end_usefulness.admit() if self.end_usefulness is not None else True)
+            if self.end_admission is not None:
+                admit = self.end_admission(plan, full, adm.positions[-1])
+            if not admit:
                 self.stats.end_states_skipped += 1
                 adm = type(adm)(adm.positions[:-1], adm.branch_len, adm.branch_len)
         if not adm.positions:
@@ -266,7 +275,11 @@ class PrefixCache:
 
     def _evict_one(self) -> bool:
         kv_before = self.tree.num_kv_tokens
-        res = self.tree.evict_one()
+        if self.victim_chooser is not None:
+            node = self.victim_chooser(self) if len(self.tree.queue) else None
+            res = self.tree.evict_node(node) if node is not None else None
+        else:
+            res = self.tree.evict_one()
         if res is None:
             return False
         action, _node = res

@@ -285,6 +285,20 @@ class RadixTree:
         node = self.queue.pop_victim()
         if node is None:
             return None
+        return self._evict(node)
+
+    def candidates(self) -> list:
+        """The current eviction candidates (unordered)."""
+        return list(self.queue._live)
+
+    def evict_node(self, node: Node):
+        """Evict a chosen candidate (an offline policy or a search picks it)."""
+        if node not in self.queue:
+            raise ValueError(f"{node} is not an eviction candidate")
+        self.queue.discard(node)
+        return self._evict(node)
+
+    def _evict(self, node: Node):
         if node.children:
             self._drop_state(node)
             parent = node.parent
@@ -330,6 +344,27 @@ class RadixTree:
                 self._merge_into_child(parent)
             else:
                 self.refresh(parent)
+
+    def path_tokens(self, node: Node) -> np.ndarray:
+        """The tokens from the root to the end of ``node``'s edge."""
+        parts = []
+        while node is not None and node is not self.root:
+            parts.append(node.tokens)
+            node = node.parent
+        return np.concatenate(parts[::-1]) if parts else np.empty(0, np.int64)
+
+    def path_nodes(self, tokens) -> list:
+        """The nodes whose edges ``tokens`` run fully through, root excluded."""
+        tokens = as_tokens(tokens)
+        node, pos, out = self.root, 0, []
+        while pos < len(tokens):
+            child = node.children.get(int(tokens[pos]))
+            if child is None or common_prefix_len(child.tokens, tokens[pos:]) < len(child.tokens):
+                break
+            out.append(child)
+            pos += len(child.tokens)
+            node = child
+        return out
 
     # ---- checks -----------------------------------------------------------------------------
     def iter_nodes(self):

@@ -14,6 +14,9 @@
   branch points, hit counts with ``half_life`` in requests), a ghost index of ``ghost`` x the
   capacity's KV tokens for branch detection past evictions, and end-of-request states
   admitted only while their measured reuse rate is >= ``end_threshold``.
+- ``offline``: knows the future (see ``policy.offline``): Belady-style eviction weighted by
+  FLOPs saved per byte, end states kept only if reused later, the ghost index. A heuristic
+  reference, not an optimum.
 Options every policy takes: ``max_states`` (per request, default 2).
 """
 from __future__ import annotations
@@ -84,8 +87,21 @@ def _alpha(policy: PolicySpec, default="auto"):
     return _number(policy, "alpha", float, 0.0, 0.0)
 
 
-def build_cache(policy: PolicySpec, spec, capacity, grid: int = 1) -> PrefixCache:
+def build_cache(policy: PolicySpec, spec, capacity, grid: int = 1, trace=None) -> PrefixCache:
+    if policy.name == "offline":
+        if trace is None:
+            raise UserError("the offline policy needs the whole trace")
+        return _offline(policy, spec, capacity, grid, trace)
     return POLICY_BUILDERS[policy.name](policy, spec, capacity, grid)
+
+
+def _offline(p, spec, cap, grid, trace):
+    from sglang_marconi.policy.offline import offline_cache
+
+    ghost = _number(p, "ghost", float, 10.0, 0.0)
+    ghost_tokens = int(ghost * cap / spec.kv_bytes_per_token) if cap and ghost else None
+    return offline_cache(spec, cap, trace.requests, grid,
+                         _number(p, "max_states", int, 2, 0), ghost_tokens)
 
 
 def _common(policy):
@@ -132,6 +148,7 @@ POLICY_BUILDERS = {
     "infinite": lambda p, spec, cap, grid: PrefixCache(spec, None, alpha=0.0, grid=grid,
                                                        **_common(p)),
     "marconi+": _marconi_plus,
+    "offline": None,  # built by build_cache: it needs the trace
 }
 POLICY_OPTIONS = {
     "vllm+": ("block", "max_states"),
@@ -140,4 +157,5 @@ POLICY_OPTIONS = {
                 "sample"),
     "infinite": ("max_states",),
     "marconi+": ("bonus", "half_life", "chain", "ghost", "end_threshold", "max_states"),
+    "offline": ("ghost", "max_states"),
 }

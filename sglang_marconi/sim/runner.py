@@ -22,7 +22,7 @@ def run_policy(trace, spec, capacity, policy: PolicySpec, grid: int = 1,
                latency: LatencyModel | None = None, progress: bool = False,
                position: int = 0) -> dict:
     latency = latency or LatencyModel()
-    cache = build_cache(policy, spec, capacity, grid)
+    cache = build_cache(policy, spec, capacity, grid, trace)
     hits = np.zeros(len(trace), dtype=np.int64)
     requests = trace.requests
     it = range(len(requests))
@@ -116,12 +116,14 @@ def simulate(trace, spec, capacity, policies, grid: int = 1, latency: LatencyMod
 
 
 def add_ceiling_fractions(results: dict) -> None:
-    """Express every policy's savings as a fraction of the ``infinite`` ceiling."""
-    ceiling = results.get("infinite")
-    if not ceiling:
-        return
-    for res in results.values():
-        res["fraction_of_infinite_flops"] = (res["flops_saved"] / ceiling["flops_saved"]
-                                             if ceiling["flops_saved"] else None)
-        res["fraction_of_infinite_tokens"] = (res["hit_tokens"] / ceiling["hit_tokens"]
-                                              if ceiling["hit_tokens"] else None)
+    """Express every policy's savings as a fraction of the ``infinite`` ceiling and of the
+    ``offline`` reference, when those ran."""
+    for ref in ("infinite", "offline"):
+        ceiling = results.get(ref)
+        if not ceiling:
+            continue
+        for res in results.values():
+            res[f"fraction_of_{ref}_flops"] = (res["flops_saved"] / ceiling["flops_saved"]
+                                               if ceiling["flops_saved"] else None)
+            res[f"fraction_of_{ref}_tokens"] = (res["hit_tokens"] / ceiling["hit_tokens"]
+                                                if ceiling["hit_tokens"] else None)

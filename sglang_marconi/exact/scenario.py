@@ -1,0 +1,246 @@
+"""The request sequence verify-exact serves, and the check that resuming is exact.
+
+Requests (token ids drawn from ``seed``; every user turn starts with a distinct token so the
+branch point is exactly the end of the shared system prompt S):
+
+1. conversation 1: S + u1                      (empty tree: state only at the end)
+2. conversation 2: S + u2                      (branch at len(S): two-pass prefill)
+3. conversation 2, next turn: whole history + u3   (hit on request 2's last state)
+4. conversation 3: S + u4                      (hit on the branch-point state of request 2)
+5. conversation 1, next turn: whole history + u5   (hit on request 1's last state)
+
+The project's tree and admission (``PrefixCache``) decide where checkpoints go and what a
+request may reuse; the tensors live in a :class:`CheckpointStore`. Each request resumes from
+its hit, prefills the rest in segments split at the admitted checkpoint positions (taking the
+SSM state at each), decodes ``n_decode`` greedy tokens, and hands its checkpoints to the store.
+An uncached full forward over input + output[:-1] then gives the reference logits: the
+next-token logits and every decode step's logits must agree within ``tolerance`` and the
+greedy tokens must be the reference's argmax at every step (with identical prefixes, that is
+the same as an independent uncached greedy run).
+
+``ssm_offset`` is the negative control: it takes the branch-point state that many tokens away
+from the admitted position (still stored as if taken there), so resuming from it must fail.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from sglang_marconi.exact import runner, snapshot
+from sglang_marconi.exact.archs import VOCAB, Arch, build_model
+from sglang_marconi.exact.store import CheckpointStore
+
+TOLERANCE = 1e-4  # max |logit difference|; fp32, |logits| ~ 3; rounding noise stays < 7e-5
+STATE_RTOL = 1e-4  # max |state difference| / max |state| for the reference-scan cross-check
+SYSTEM_LEN, USER_LEN, N_DECODE = 24, 7, 16
+
+
+@dataclass
+class RequestResult:
+    name: str
+    input_len: int
+    hit_len: int
+    checkpoint_positions: list  # mid-prompt positions the tree asked for
+    expected_positions: list  # the branch points of the request sequence (oracle)
+    expected_hit_len: int  # the longest checkpointed prefix (oracle)
+    stored_positions: list  # every position that got a checkpoint at finish
+    next_token_max_abs_diff: float
+    continuation_max_abs_diff: float
+    tokens_match: bool
+    output: list = field(default_factory=list)
+
+
+@dataclass
+class ArchResult:
+    arch: str
+    seed: int
+    tolerance: float
+    requests: list
+    max_abs_logit_diff: float
+    tokens_match: bool
+    positions_match: bool
+    branch_hits: int  # requests that resumed from a mid-prompt (branch-point) state
+    output_hits: int  # requests that resumed from an end-of-request state
+    checkpoint_bytes_match_cost_model: bool | None
+    ssd_crosscheck: dict | None
+    ssm_offset: int = 0
+
+    @property
+    def passed(self) -> bool:
+        ssd_ok = self.ssd_crosscheck is None or self.ssd_crosscheck["passed"]
+        return (self.max_abs_logit_diff <= self.tolerance and self.tokens_match
+                and self.positions_match and self.branch_hits > 0 and self.output_hits > 0
+                and ssd_ok)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "passed": self.passed}
+
+
+def _requests(seed: int):
+    """(name, conversation, turn tokens) in order; a follow-up extends its conversation."""
+    g = torch.Generator().manual_seed(seed)
+    system = torch.randint(0, VOCAB, (SYSTEM_LEN,), generator=g).tolist()
+    firsts = torch.randperm(VOCAB, generator=g)[:5].tolist()  # distinct first tokens
+    users = [[f] + torch.randint(0, VOCAB, (USER_LEN - 1,), generator=g).tolist() for f in firsts]
+    return [
+        ("conv1-turn1", 1, system + users[0]),
+        ("conv2-turn1", 2, system + users[1]),
+        ("conv2-turn2", 2, users[2]),
+        ("conv3-turn1", 3, system + users[3]),
+        ("conv1-turn2", 1, users[4]),
+    ]
+
+
+def _lcp(a, b) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class BranchOracle:
+    """Where Marconi must checkpoint, from the token sequences alone (no tree).
+
+    A hit is the longest checkpointed prefix of the input. The branch point is the longest
+    common prefix with an earlier cached sequence that ends inside it (not a whole-sequence
+    match, which is a follow-up turn); it gets a checkpoint if it lies beyond the hit.
+    """
+
+    def __init__(self) -> None:
+        self.sequences: list[list[int]] = []
+        self.checkpoints: set[tuple] = set()
+
+    def expected(self, tokens) -> tuple[int, list[int]]:
+        hit = max((p for p in range(len(tokens)) if tuple(tokens[:p]) in self.checkpoints), default=0)
+        branch = max((_lcp(tokens, s) for s in self.sequences if _lcp(tokens, s) < len(s)), default=0)
+        return hit, ([branch] if hit < branch < len(tokens) else [])
+
+    def record(self, full_tokens, positions) -> None:
+        self.sequences.append(list(full_tokens))
+        self.checkpoints.update(tuple(full_tokens[:p]) for p in positions)
+
+
+def make_cache(spec):
+    """The project's prefix cache: unlimited capacity, grid 1, Marconi admission, LRU."""
+    from sglang_marconi.policy.cache import PrefixCache
+
+    return PrefixCache(spec, capacity_bytes=None, grid=1, max_states_per_request=2, alpha=0.0)
+
+
+def run_arch(arch: Arch, seed: int = 0, ssm_offset: int = 0, n_decode: int = N_DECODE,
+             tolerance: float = TOLERANCE, crosscheck: bool = True,
+             keep_dt_clamp: bool = False) -> ArchResult:
+    """Serve the request sequence through the cache on ``arch`` and compare with uncached.
+
+    ``keep_dt_clamp`` keeps a prefill-only dt clamp (see ``archs.build_model``). Runs on one
+    CPU thread: these models are tiny, and extra threads only add contention."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _run_arch(arch, seed, ssm_offset, n_decode, tolerance, crosscheck, keep_dt_clamp)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_arch(arch, seed, ssm_offset, n_decode, tolerance, crosscheck, keep_dt_clamp):
+    from sglang_marconi.model import HybridModelSpec
+
+    model = build_model(arch, seed, keep_dt_clamp=keep_dt_clamp)
+    spec = HybridModelSpec.from_hf_config(model.config, dtype="float32")
+    cache, store, oracle = make_cache(spec), CheckpointStore(), BranchOracle()
+    cache.on_evict = store.on_evict
+    history: dict[int, list[int]] = {}
+    results, bytes_ok, state_checks = [], True, []
+    branch_hits = output_hits = 0
+    branch_positions: set[tuple] = set()  # prefixes whose state was taken mid-prompt
+
+    for name, conv, turn in _requests(seed):
+        tokens = history.get(conv, []) + turn
+        exp_hit, exp_positions = oracle.expected(tokens)
+        plan = cache.begin(tokens)
+        hit = plan.hit_len
+        if hit >= len(tokens):
+            raise RuntimeError(f"{name}: hit of {hit} covers the whole input of {len(tokens)}")
+        if hit:
+            kv_cache = snapshot.restore(model.config, store.get(plan.hit_node.id, hit))
+            if tuple(tokens[:hit]) in branch_positions:
+                branch_hits += 1
+            else:
+                output_hits += 1
+        else:
+            kv_cache = snapshot.DynamicCache(config=model.config)
+        positions = list(plan.checkpoint_positions)
+        taken: dict[int, dict] = {}
+
+        def on_split(pos, c):
+            taken[pos - ssm_offset] = snapshot.take_ssm_states(c)
+
+        last = runner.segmented_prefill(model, arch, kv_cache, tokens, hit,
+                                        [p + ssm_offset for p in positions], on_split)
+        output, step_logits = runner.greedy_decode(model, arch, kv_cache, last, len(tokens), n_decode)
+        full = tokens + output[:-1]
+        taken[len(full)] = snapshot.take_ssm_states(kv_cache)
+        nodes = cache.finish(plan, full)
+        for pos, node in sorted(nodes.items()):
+            if pos not in taken:
+                raise RuntimeError(f"{name}: the tree stored a state at {pos}, which this "
+                                   f"prefill was not asked to take (asked: {positions})")
+            ckpt = snapshot.Checkpoint(pos, snapshot.take_kv(kv_cache, pos), taken[pos])
+            bytes_ok &= ckpt.nbytes == pos * spec.kv_bytes_per_token + spec.ssm_state_bytes
+            store.put(node.id, ckpt)
+            if pos < len(tokens):
+                branch_positions.add(tuple(tokens[:pos]))
+
+        oracle.record(full, exp_positions + [len(full)])
+
+        if crosscheck and arch.ssm_family == "mamba2":
+            ref, checks = _crosscheck(model, arch, full, {p: taken[p] for p in nodes}, hit)
+            state_checks += checks
+        else:
+            ref = runner.uncached_logits(model, full)
+        ref_steps = ref[len(tokens) - 1:]
+        diffs = (step_logits - ref_steps).abs().amax(dim=-1)
+        results.append(RequestResult(
+            name=name, input_len=len(tokens), hit_len=hit, checkpoint_positions=positions,
+            expected_positions=exp_positions, expected_hit_len=exp_hit, stored_positions=sorted(nodes),
+            next_token_max_abs_diff=float(diffs[0]),
+            continuation_max_abs_diff=float(diffs[1:].max()) if len(diffs) > 1 else 0.0,
+            tokens_match=torch.argmax(ref_steps, dim=-1).tolist() == output, output=output,
+        ))
+        history[conv] = tokens + output
+
+    ssd = None
+    if state_checks:
+        worst = max(state_checks)
+        ssd = {"checked_states": len(state_checks), "max_rel_diff": worst,
+               "rtol": STATE_RTOL, "passed": worst <= STATE_RTOL}
+    return ArchResult(
+        arch=arch.name, seed=seed, tolerance=tolerance, requests=results,
+        max_abs_logit_diff=max(max(r.next_token_max_abs_diff, r.continuation_max_abs_diff)
+                               for r in results),
+        tokens_match=all(r.tokens_match for r in results),
+        positions_match=all(r.checkpoint_positions == r.expected_positions
+                            and r.hit_len == r.expected_hit_len for r in results),
+        branch_hits=branch_hits, output_hits=output_hits,
+        checkpoint_bytes_match_cost_model=bytes_ok, ssd_crosscheck=ssd, ssm_offset=ssm_offset,
+    )
+
+
+def _crosscheck(model, arch, full, states_at, hit):
+    """The uncached reference logits, and the relative differences between the stored Mamba2
+    states and the reference scan's over the same layer inputs (recorded in that forward)."""
+    from sglang_marconi.exact.ssd_reference import record_scan_inputs, reference_state
+
+    with record_scan_inputs(model, arch.modeling_module) as rec:
+        ref_logits = runner.uncached_logits(model, full)
+    out = []
+    for pos, layers in states_at.items():
+        resume = hit if 0 < hit < pos else pos // 2
+        for idx, state in layers.items():
+            ours = state.recurrent[0]
+            ref = reference_state(rec[idx], pos, resume_at=resume)
+            out.append(float((ours - ref).abs().max() / ref.abs().max().clamp_min(1e-30)))
+    return ref_logits, out

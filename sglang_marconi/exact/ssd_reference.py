@@ -1,0 +1,123 @@
+"""Independent cross-check of Mamba2 states with mamba-ssm's minimal SSD reference scan.
+
+For a Mamba2-based model, the inputs of every layer's chunk scan (x, dt, A, B, C, dt_bias,
+dt_limit) are recorded during an uncached forward pass; mamba-ssm's pure-PyTorch
+``ssd_minimal_discrete`` (Listing 1 of the Mamba2 paper, chunked, with ``initial_states``)
+then computes the state after the first P tokens, in two chained chunks (0..h, h..P) to
+exercise resume-from-state in the reference too. That state must equal the one the cache
+checkpoint holds at P.
+
+Loading the reference: ``import mamba_ssm`` fails on a CPU-only build (its ``__init__`` imports
+the CUDA extension ``selective_scan_cuda``), and ``mamba_ssm/modules/ssd_minimal.py`` imports
+``mamba_ssm.ops.triton.ssd_combined`` at its top (unused by ``ssd_minimal_discrete``). We load
+that one file with importlib under a private name while stub modules stand in for those
+imports, then remove the stubs again: transformers probes ``import mamba_ssm`` to choose its
+kernels, and must keep seeing it as absent.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import inspect
+import sys
+import types
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+
+_STUBBED = ("mamba_ssm", "mamba_ssm.ops", "mamba_ssm.ops.triton", "mamba_ssm.ops.triton.ssd_combined")
+
+
+@lru_cache(maxsize=1)
+def load_ssd_minimal():
+    """mamba-ssm's ``ssd_minimal_discrete``, loaded from its file (see module docstring)."""
+    spec = importlib.util.find_spec("mamba_ssm")  # locates the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("mamba-ssm is not installed (see requirements/no-deps.txt)")
+    path = f"{list(spec.submodule_search_locations)[0]}/modules/ssd_minimal.py"
+    saved = {name: sys.modules.get(name) for name in _STUBBED}
+    try:
+        for name in _STUBBED:
+            stub = types.ModuleType(name)
+            stub.__path__ = []  # a package, so the dotted import resolves
+            sys.modules[name] = stub
+        sys.modules[_STUBBED[-1]].mamba_chunk_scan_combined = None  # the unused import
+        file_spec = importlib.util.spec_from_file_location("_marconi_ssd_minimal", path)
+        module = importlib.util.module_from_spec(file_spec)
+        file_spec.loader.exec_module(module)
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = old
+    return module.ssd_minimal_discrete
+
+
+@contextlib.contextmanager
+def record_scan_inputs(model, modeling_module: str):
+    """Record the chunk-scan inputs of every Mamba2 layer of ``model`` during the block.
+
+    Yields a dict layer_idx -> scan arguments (as named by the model's ``mamba2_chunk_scan``).
+    The current layer comes from a forward pre-hook on each mixer (a module with ``A_log``).
+    """
+    mod = importlib.import_module(modeling_module)
+    original = mod.mamba2_chunk_scan
+    signature = inspect.signature(original)
+    records: dict[int, dict] = {}
+    current = {"layer": None}
+
+    def recorder(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        records[current["layer"]] = {k: (v.detach().clone() if torch.is_tensor(v) else v)
+                                     for k, v in bound.arguments.items()}
+        return original(*args, **kwargs)
+
+    def pre_hook(module, args):
+        current["layer"] = module.layer_idx
+
+    hooks = [m.register_forward_pre_hook(pre_hook) for m in model.modules()
+             if hasattr(m, "A_log") and hasattr(m, "layer_idx")]
+    mod.mamba2_chunk_scan = recorder
+    try:
+        yield records
+    finally:
+        mod.mamba2_chunk_scan = original
+        for h in hooks:
+            h.remove()
+
+
+def reference_state(rec: dict, position: int, resume_at: int | None = None, block_len: int = 8):
+    """SSM state after ``position`` tokens from recorded scan inputs, by the reference scan.
+
+    The discretisation (dt + dt_bias, softplus, clamp to dt_limit; x*dt, A*dt; B/C shared by
+    head groups) follows Mamba2; the chunked scan is mamba-ssm's ``ssd_minimal_discrete``, run
+    over [0, resume_at) and then [resume_at, position) from the first chunk's final state.
+    """
+    ssd = load_ssd_minimal()
+    x, dt, A, B, C = (rec[k] for k in ("hidden_states", "dt", "A", "B", "C"))
+    if rec.get("dt_bias") is not None:
+        dt = dt + rec["dt_bias"]
+    if rec.get("dt_softplus"):
+        dt = F.softplus(dt)
+    lo, hi = rec.get("dt_limit", (0.0, float("inf")))
+    dt = torch.clamp(dt, min=lo, max=hi).float()
+    heads = x.shape[2]
+    B = B.float().repeat_interleave(heads // B.shape[2], dim=2)
+    C = C.float().repeat_interleave(heads // C.shape[2], dim=2)
+    X = x.float() * dt[..., None]
+    A_dt = A.float() * dt
+
+    def scan(start, end, init):
+        parts = [t[:, start:end] for t in (X, A_dt, B, C)]
+        pad = (-(end - start)) % block_len
+        # zero padding at the end: dA = 0 (decay exp(0) = 1) and x = 0 leave the state alone
+        parts = [F.pad(t, (0, 0) * (t.dim() - 2) + (0, pad)) for t in parts]
+        _, final = ssd(*parts, block_len, initial_states=None if init is None else init[:, None])
+        return final
+
+    resume_at = position // 2 if resume_at is None else resume_at
+    state = scan(0, resume_at, None) if resume_at > 0 else None
+    return scan(resume_at, position, state)

@@ -1,0 +1,160 @@
+"""The CPU A/B: one trace replayed through stock SGLang caches and the Marconi cache.
+
+Each cache gets fresh pools of the same size (``pools``) and the same request sequence,
+driven through the scheduler's calls (``replay``). Everything compared is measured the
+same way for every cache, from outside it: tokens hit (what each prefill skipped), FLOPs
+saved (the cost model's prefill FLOPs of the hit), states admitted (inserts that stored a
+new SSM state) and evicted (``EvictResult.mamba_num_evicted``), peak slots in use, and the
+wall time of the cache bookkeeping per request.
+"""
+from __future__ import annotations
+
+import functools
+import gc
+import statistics
+import time
+from array import array
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from sglang_marconi.sglang_integration.pools import PoolConfig, build_cache
+from sglang_marconi.sglang_integration.replay import Replayer, ReplayRequest
+
+# name -> (tree core, marconi?)
+CACHES = {
+    "stock": ("rust", False),         # UnifiedRadixCache, compiled tree core (SGLang's default)
+    "stock-python": ("python", False),  # UnifiedRadixCache, python tree core
+    "marconi": ("python", True),      # MarconiUnifiedRadixCache (components force python)
+}
+
+
+@dataclass
+class ABConfig:
+    pools: PoolConfig
+    spec: object                       # HybridModelSpec
+    settings: object = None            # MarconiSettings (None: defaults)
+    caches: tuple = ("stock", "stock-python", "marconi")
+
+
+@dataclass
+class CacheCounters:
+    """Counts taken by wrapping the cache instance's ``insert`` and ``_evict``."""
+
+    states_admitted: int = 0
+    states_evicted: int = 0
+    kv_tokens_evicted: int = 0
+    evict_calls: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def instrument(cache) -> CacheCounters:
+    counters = CacheCounters()
+    insert, evict = cache.insert, cache._evict
+
+    @functools.wraps(insert)
+    def counting_insert(params):
+        result = insert(params)
+        if getattr(params, "mamba_value", None) is not None and not result.mamba_exist:
+            counters.states_admitted += 1
+        return result
+
+    @functools.wraps(evict)
+    def counting_evict(params, *args, **kwargs):
+        result = evict(params, *args, **kwargs)
+        counters.evict_calls += 1
+        counters.states_evicted += result.mamba_num_evicted
+        counters.kv_tokens_evicted += result.num_tokens_evicted
+        return result
+
+    cache.insert = counting_insert
+    cache._evict = counting_evict
+    return counters
+
+
+def to_replay_requests(trace, limit: Optional[int] = None) -> list:
+    """``sim.traces.Trace`` requests as ``ReplayRequest``s (token ids as array('q'))."""
+    out = []
+    for i, r in enumerate(trace.requests[:limit] if limit else trace.requests):
+        ids = array("q")
+        ids.frombytes(r.input_tokens.astype("int64").tobytes())
+        out.append(ReplayRequest(f"req-{i}", ids, r.output_tokens.tolist()))
+    return out
+
+
+def make_cache(name: str, cfg: ABConfig):
+    core, is_marconi = CACHES[name]
+    cache_class = None
+    if is_marconi:
+        from sglang_marconi.sglang_integration.cache import MarconiUnifiedRadixCache
+
+        cache_class = functools.partial(MarconiUnifiedRadixCache, settings=cfg.settings,
+                                        spec=cfg.spec)
+    return build_cache(cfg.pools, cache_class=cache_class, tree_core=core)
+
+
+def run_one(name: str, requests: list, cfg: ABConfig,
+            progress: Optional[Callable] = None) -> dict:
+    """Replay ``requests`` through a fresh cache ``name``; returns its column of numbers."""
+    cache, _, _ = make_cache(name, cfg)
+    counters = instrument(cache)
+    replayer = Replayer(cache, chunked_prefill_size=cfg.pools.chunked_prefill_size)
+    spec = cfg.spec
+    hit = inp = 0
+    saved = total_flops = 0.0
+    peak_kv = peak_mamba = 0
+    times = []
+    t0 = time.perf_counter()
+    for rr in requests:
+        out = replayer.run(rr)
+        inp += out.input_len
+        hit += out.hit_len
+        saved += spec.flops_saved(out.hit_len, 0)
+        total_flops += spec.prefill_flops(out.input_len)
+        peak_kv, peak_mamba = max(peak_kv, out.peak_kv_used), max(peak_mamba, out.peak_mamba_used)
+        times.append(out.seconds)
+        if progress is not None:
+            progress(1)
+    wall = time.perf_counter() - t0
+    result = {
+        "cache": type(cache).__name__,
+        "tree_core": type(cache.tree_core).__name__,
+        "requests": len(requests),
+        "input_tokens": inp,
+        "hit_tokens": hit,
+        "token_hit_rate": hit / inp if inp else 0.0,
+        "flops_saved": saved,
+        "flops_saved_fraction": saved / total_flops if total_flops else 0.0,
+        "states_admitted": counters.states_admitted,
+        "states_evicted": counters.states_evicted,
+        "kv_tokens_evicted": counters.kv_tokens_evicted,
+        "states_in_tree": counters.states_admitted - counters.states_evicted,
+        "peak_kv_slots_used": peak_kv,
+        "peak_state_slots_used": peak_mamba,
+        "bookkeeping_ms_per_request": 1000 * statistics.fmean(times) if times else 0.0,
+        "bookkeeping_ms_p95": 1000 * _quantile(times, 0.95),
+        "wall_seconds": wall,
+    }
+    if hasattr(cache, "marconi"):
+        result["marconi"] = cache.marconi.stats.as_dict()
+    del cache, replayer
+    gc.collect()
+    return result
+
+
+def _quantile(xs, q: float) -> float:
+    if not xs:
+        return 0.0
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def run_ab(requests: list, cfg: ABConfig, show_progress: bool = True) -> dict:
+    """All caches of ``cfg`` on the same requests: ``{"caches": {name: column}}``."""
+    from tqdm import tqdm
+
+    results = {}
+    for name in cfg.caches:
+        with tqdm(total=len(requests), desc=f"{name:>12}", unit="req",
+                  disable=not show_progress, leave=False) as bar:
+            results[name] = run_one(name, requests, cfg, progress=bar.update)
+    return {"caches": results}

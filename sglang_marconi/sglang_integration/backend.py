@@ -1,0 +1,46 @@
+"""The ``marconi`` radix-cache backend: SGLang's registry calls ``marconi_cache_factory``
+in each scheduler process to build the tree cache."""
+from __future__ import annotations
+
+import functools
+import logging
+
+from sglang_marconi.sglang_integration.options import MarconiSettings
+
+logger = logging.getLogger("sglang_marconi.cache")
+
+
+def model_spec(model_config):
+    """The cost model (``HybridModelSpec``) of the served model, from its HF config."""
+    from sglang_marconi.model import HybridModelSpec
+
+    hf = getattr(model_config, "hf_text_config", None) or model_config.hf_config
+    try:
+        return HybridModelSpec.from_hf_config(hf)
+    except Exception as exc:
+        arch = getattr(hf, "architectures", None) or [type(hf).__name__]
+        raise ValueError(f"--cache-policy marconi: no cost model for {arch[0]}: {exc}") from None
+
+
+def marconi_cache_factory(ctx):
+    """Build ``MarconiUnifiedRadixCache`` the way SGLang builds its default hybrid cache."""
+    from sglang.srt.mem_cache.registry import create_unified_radix_cache
+
+    from sglang_marconi.sglang_integration.cache import MarconiUnifiedRadixCache
+
+    if not ctx.is_hybrid_ssm:
+        arch = getattr(ctx.model_config.hf_config, "architectures", None) or ["this model"]
+        raise ValueError(f"--cache-policy marconi needs a hybrid attention+SSM model; "
+                         f"{arch[0]} has no SSM/linear-attention layers "
+                         "(use --cache-policy lru)")
+    if ctx.is_hybrid_swa:
+        raise ValueError("--cache-policy marconi does not support sliding-window hybrids")
+    if ctx.disable_radix_cache:
+        raise ValueError("--cache-policy marconi needs the radix cache "
+                         "(drop --disable-radix-cache)")
+    if ctx.enable_hierarchical_cache:
+        raise ValueError("--cache-policy marconi does not support --enable-hierarchical-cache")
+    settings = MarconiSettings.from_env()
+    spec = model_spec(ctx.model_config)
+    cache_class = functools.partial(MarconiUnifiedRadixCache, settings=settings, spec=spec)
+    return create_unified_radix_cache(ctx, cache_class=cache_class)

@@ -1,0 +1,58 @@
+"""SGLang plugin (entry-point group ``sglang.srt.plugins``, name ``marconi``).
+
+SGLang calls ``register`` in every process it starts (launcher, scheduler processes,
+detokenizer). It registers the ``marconi`` radix-cache backend and two hooks on
+``ServerArgs``: one adds ``--cache-policy`` and the ``--marconi-*`` flags to the parser,
+the other validates them and selects the backend before ``ServerArgs`` is built.
+"""
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger("sglang_marconi.plugin")
+
+ADD_CLI_ARGS = "sglang.srt.server_args.ServerArgs.add_cli_args"
+FROM_CLI_ARGS = "sglang.srt.server_args.ServerArgs.from_cli_args"
+_registered = False
+
+
+def _after_add_cli_args(result, parser, *args, **kwargs):
+    from sglang_marconi.sglang_integration.options import add_cli_args
+
+    add_cli_args(parser)
+    return result
+
+
+def _around_from_cli_args(original, cls, args, *rest, **kwargs):
+    from sglang_marconi.sglang_integration.options import apply_to_namespace
+
+    try:
+        apply_to_namespace(args)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    return original(cls, args, *rest, **kwargs)
+
+
+def register() -> None:
+    """Register the backend and the flag hooks (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    from sglang_marconi.sglang_integration.version import check_sglang_version
+
+    check_sglang_version()
+    from sglang.srt.mem_cache.registry import (
+        get_radix_cache_factory,
+        register_radix_cache_backend,
+    )
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from sglang_marconi.sglang_integration.backend import marconi_cache_factory
+    from sglang_marconi.sglang_integration.options import BACKEND_NAME
+
+    if get_radix_cache_factory(BACKEND_NAME) is None:
+        register_radix_cache_backend(BACKEND_NAME, marconi_cache_factory)
+    HookRegistry.register(ADD_CLI_ARGS, _after_add_cli_args, HookType.AFTER)
+    HookRegistry.register(FROM_CLI_ARGS, _around_from_cli_args, HookType.AROUND)
+    _registered = True
+    logger.debug("sglang-marconi plugin registered")

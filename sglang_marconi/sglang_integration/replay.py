@@ -1,0 +1,233 @@
+"""Drive a real SGLang tree cache with the calls the scheduler makes for one request.
+
+For strictly sequential requests the scheduler does, in order (sglang 0.5.23):
+
+1. ``Req.init_next_round_input(tree_cache)``: match (key capped at input_len - 1,
+   copy-on-write of the matched state recorded on the request);
+2. ``tree_cache.lock(req.last_node)`` when the prefill is admitted;
+3. per prefill chunk: ``alloc_for_extend(batch)`` (request slots, mamba slots, KV pages,
+   evicting from the tree when short), then ``ScheduleBatch.
+   _mamba_radix_cache_v2_req_prepare_for_extend`` (extra_buffer: which position the
+   chunk snapshots: its grid-floored end, or the branch point when it falls inside);
+   after an unfinished chunk ``checkpoint_kv_cache(req, tree_cache)``;
+4. per decode step: ``alloc_for_decode_default(batch, 1)`` (on page boundaries; inside a
+   page its effect, ``last_loc + 1``, is written directly) and, on the track-interval
+   boundary, the ping-pong bookkeeping of ``SchedulerBatchResultProcessor`` (mirrored in
+   ``_track_decode_state``: no overlap, no speculative decoding);
+5. at finish ``release_kv_cache(req, tree_cache, checkpoint=True)``; an abort calls it
+   with ``checkpoint=False``.
+
+Every step above except the in-page decode write and the five lines of decode-track
+bookkeeping is SGLang's own function; ``ReplayBatch`` is the small part of
+``ScheduleBatch`` they read.
+"""
+from __future__ import annotations
+
+import time
+import types
+import zlib
+from array import array
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+
+@dataclass
+class ReplayRequest:
+    """One request: its prompt token ids and the tokens it generates."""
+
+    rid: str
+    input_ids: array
+    output_ids: Sequence[int]
+    abort_after_chunks: Optional[int] = None  # abort once this many chunks ran (tests)
+
+    @property
+    def output_len(self) -> int:
+        return len(self.output_ids)
+
+
+@dataclass
+class RequestOutcome:
+    input_len: int
+    hit_len: int        # tokens matched on device (what prefill skipped)
+    output_len: int
+    aborted: bool
+    seconds: float      # wall time of all cache bookkeeping for the request
+    peak_kv_used: int   # KV token slots in use at this request's peak
+    peak_mamba_used: int
+
+
+class ReplayBatch:
+    """The attributes of ``ScheduleBatch`` that SGLang's allocation helpers read, for one
+    running request."""
+
+    def __init__(self, tree_cache, req, mamba_chunk_size: int):
+        self.tree_cache = tree_cache
+        self.reqs = [req]
+        self.req_to_token_pool = tree_cache.req_to_token_pool
+        self.device = "cpu"
+        self.hisparse_coordinator = None
+        self.model_config = types.SimpleNamespace(
+            is_encoder_decoder=False,
+            hf_text_config=types.SimpleNamespace(mamba_chunk_size=mamba_chunk_size),
+        )
+
+    def maybe_evict_swa(self) -> None:
+        pass
+
+    def is_dllm(self) -> bool:
+        return False
+
+    @property
+    def prefix_lens(self):
+        return [r.prefix_len for r in self.reqs]
+
+    @property
+    def extend_lens(self):
+        return [r.extend_end - r.prefix_len for r in self.reqs]
+
+    @property
+    def extend_num_tokens(self) -> int:
+        return sum(self.extend_lens)
+
+    def set_seq_lens(self, lens) -> None:
+        self.seq_lens_cpu = torch.tensor(lens, dtype=torch.int64)
+        self.seq_lens = self.seq_lens_cpu
+        idx = [r.kv.req_pool_idx for r in self.reqs]
+        if all(i is not None for i in idx):
+            self.req_pool_indices_cpu = torch.tensor(idx, dtype=torch.int64)
+            self.req_pool_indices = self.req_pool_indices_cpu
+
+
+class Replayer:
+    """Runs ``ReplayRequest``s one after another through ``tree_cache``."""
+
+    def __init__(self, tree_cache, chunked_prefill_size: int = 8192,
+                 mamba_chunk_size: int = 64):
+        from sglang.srt.runtime_context import (
+            get_exec,
+            mamba_checkpoint_grid,
+            mamba_track_grid,
+        )
+
+        self.cache = tree_cache
+        self.chunk = chunked_prefill_size
+        self.mamba_chunk_size = mamba_chunk_size
+        self.extra_buffer = bool(get_exec().mamba.enable_mamba_extra_buffer)
+        self.grid = mamba_checkpoint_grid(tree_cache.page_size)
+        self.track_grid = mamba_track_grid(tree_cache.page_size)
+        self.kv_total = tree_cache.token_to_kv_pool_allocator.size
+        self.mamba_allocator = tree_cache.req_to_token_pool.mamba_allocator
+        self.mamba_total = self.mamba_allocator.size
+
+    # -- usage ---------------------------------------------------------------------------
+    def kv_used(self) -> int:
+        return self.kv_total - self.cache.token_to_kv_pool_allocator.available_size()
+
+    def mamba_used(self) -> int:
+        return self.mamba_total - self.mamba_allocator.available_size()
+
+    # -- one request ---------------------------------------------------------------------
+    def _next_chunk_end(self, req, input_len: int) -> int:
+        """``PrefillAdder``: a truncated chunk is page- and mamba-grid-floored."""
+        remaining = input_len - req.prefix_len
+        if remaining <= self.chunk:
+            return input_len
+        n = self.chunk // self.cache.page_size * self.cache.page_size
+        n = n // self.grid * self.grid or n
+        return req.prefix_len + n
+
+    def _extend(self, req, input_len: int):
+        from sglang.srt.managers.schedule_batch import ScheduleBatch
+        from sglang.srt.mem_cache.allocation import alloc_for_extend
+
+        req.extend_end = self._next_chunk_end(req, input_len)
+        batch = ReplayBatch(self.cache, req, self.mamba_chunk_size)
+        batch.set_seq_lens([req.extend_end])
+        alloc_for_extend(batch)
+        if self.extra_buffer:
+            ScheduleBatch._mamba_radix_cache_v2_req_prepare_for_extend(batch, req)
+        # The forward pass would now run the deferred copy-on-write / clear of the state.
+        req.kv.mamba_cow_src_index = None
+        req.kv.mamba_needs_clear = False
+
+    def _track_decode_state(self, req) -> None:
+        """SchedulerBatchResultProcessor at a decode track boundary (no overlap/spec)."""
+        if not self.extra_buffer or req.kv.kv_committed_len % self.track_grid:
+            return
+        pool = self.cache.req_to_token_pool
+        track_idx = req.kv.mamba_next_track_idx
+        req.kv.mamba_last_track_idx = track_idx
+        req.kv.mamba_prev_track_seqlen = req.kv.mamba_last_track_seqlen
+        req.kv.mamba_last_track_seqlen = req.kv.kv_committed_len
+        req.kv.mamba_next_track_idx = pool.get_mamba_ping_pong_other_idx(track_idx)
+
+    def _decode_step(self, req) -> None:
+        """``prepare_for_decode`` for one token. On a page boundary this is SGLang's
+        ``alloc_for_decode_default`` (the step that can allocate a page and evict);
+        inside a page the paged allocator only hands out ``last_loc + 1``, which is
+        written directly (the same row write and length bumps, 60x fewer torch calls)."""
+        from sglang.srt.mem_cache.allocation import alloc_for_decode_default
+
+        seq_len = req.kv.kv_committed_len
+        if seq_len % self.cache.page_size == 0:
+            batch = ReplayBatch(self.cache, req, self.mamba_chunk_size)
+            batch.set_seq_lens([seq_len])
+            alloc_for_decode_default(batch, 1)
+        else:
+            row = self.cache.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
+            row[seq_len] = row[seq_len - 1] + 1
+            req.kv.kv_allocated_len += 1
+            req.kv.kv_committed_len += 1
+        req.decode_batch_idx += 1
+        self._track_decode_state(req)
+
+    def run(self, rr: ReplayRequest) -> RequestOutcome:
+        from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH, Req
+        from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
+        from sglang.srt.sampling.sampling_params import SamplingParams
+
+        t0 = time.perf_counter()
+        input_len = len(rr.input_ids)
+        req = Req(rid=rr.rid, origin_input_text="", origin_input_ids=rr.input_ids,
+                  sampling_params=SamplingParams(temperature=0,
+                                                 max_new_tokens=max(1, rr.output_len)))
+        req.init_next_round_input(self.cache)
+        hit_len = req.prefix_len
+        req.lock = self.cache.lock(req.last_node)
+        peak_kv = peak_mamba = 0
+        chunks = 0
+        while True:
+            self._extend(req, input_len)
+            chunks += 1
+            peak_kv, peak_mamba = max(peak_kv, self.kv_used()), max(peak_mamba, self.mamba_used())
+            if rr.abort_after_chunks is not None and chunks >= rr.abort_after_chunks:
+                req.finished_reason = FINISH_ABORT("aborted by replay")
+                release_kv_cache(req, self.cache, checkpoint=False)
+                return RequestOutcome(input_len, hit_len, 0, True,
+                                      time.perf_counter() - t0, peak_kv, peak_mamba)
+            if req.extend_end >= input_len:
+                req.prefix_len = req.extend_end
+                break
+            checkpoint_kv_cache(req, self.cache)
+            req.init_next_round_input()
+        # The prefill samples the first output token; each decode step adds KV for the
+        # previous token and samples the next one. The last token never gets KV.
+        out_ids = list(rr.output_ids) or [_output_token(rr.rid, 0)]
+        out_len = len(out_ids)
+        for i in range(out_len):
+            req.output_ids.append(int(out_ids[i]))
+            if i == out_len - 1:
+                req.finished_reason = FINISH_LENGTH(length=out_len)
+                break
+            self._decode_step(req)
+        peak_kv, peak_mamba = max(peak_kv, self.kv_used()), max(peak_mamba, self.mamba_used())
+        release_kv_cache(req, self.cache, checkpoint=True)
+        return RequestOutcome(input_len, hit_len, out_len, False,
+                              time.perf_counter() - t0, peak_kv, peak_mamba)
+
+
+def _output_token(rid: str, i: int) -> int:
+    """A fresh token for a request with no output (it still samples one token)."""
+    return (1 << 40) + (zlib.crc32(rid.encode()) & 0xFFFFFF) * 100000 + i

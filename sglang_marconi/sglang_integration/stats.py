@@ -1,0 +1,103 @@
+"""Marconi counters, reported through SGLang's logging and (with --enable-metrics) Prometheus.
+
+Counted per finished request: tokens hit and the prefill FLOPs the hit saved. Counted per
+state: admitted (by reason: ``branch`` point, ``chunk`` boundary, ``final`` state of a
+finished request), ``rejected`` chunk-boundary states (over the per-request cap), and
+evicted (by reason: ``state_pool_drop`` = an internal node's state dropped to free a state
+slot, ``state_pool_leaf`` = a leaf deleted to free a state slot, ``kv_pool_leaf`` = a leaf
+deleted to free KV token slots, its state with it).
+"""
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+
+logger = logging.getLogger("sglang_marconi.cache")
+
+ADMIT_REASONS = ("branch", "chunk", "final")
+EVICT_REASONS = ("state_pool_drop", "state_pool_leaf", "kv_pool_leaf")
+
+
+@dataclass
+class MarconiStats:
+    requests: int = 0
+    input_tokens: int = 0
+    hit_tokens: int = 0
+    flops_saved: float = 0.0
+    prefill_flops: float = 0.0
+    alpha: float = 0.0
+    alpha_tuned: bool = False
+    admitted: Counter = field(default_factory=Counter)
+    rejected: int = 0
+    evicted: Counter = field(default_factory=Counter)
+
+    @property
+    def token_hit_rate(self) -> float:
+        return self.hit_tokens / self.input_tokens if self.input_tokens else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "requests": self.requests,
+            "input_tokens": self.input_tokens,
+            "hit_tokens": self.hit_tokens,
+            "token_hit_rate": self.token_hit_rate,
+            "flops_saved": self.flops_saved,
+            "prefill_flops": self.prefill_flops,
+            "alpha": self.alpha,
+            "alpha_tuned": self.alpha_tuned,
+            "states_admitted": {r: self.admitted[r] for r in ADMIT_REASONS},
+            "states_rejected": self.rejected,
+            "states_evicted": {r: self.evicted[r] for r in EVICT_REASONS},
+        }
+
+    def summary_line(self) -> str:
+        adm = ", ".join(f"{r}={self.admitted[r]}" for r in ADMIT_REASONS)
+        ev = ", ".join(f"{r}={self.evicted[r]}" for r in EVICT_REASONS)
+        return (f"Marconi cache: alpha={self.alpha:g}{'' if self.alpha_tuned else ' (untuned)'}"
+                f" requests={self.requests} token_hit_rate={self.token_hit_rate:.3f}"
+                f" flops_saved={self.flops_saved:.3e} states_admitted[{adm}]"
+                f" rejected={self.rejected} states_evicted[{ev}]")
+
+
+class PrometheusExporter:
+    """``sglang:marconi_*`` series next to SGLang's own radix-cache metrics."""
+
+    def __init__(self, labels: dict):
+        from prometheus_client import Counter as PCounter
+        from prometheus_client import Gauge
+
+        names = sorted(labels)
+        self.labels = labels
+        self.alpha = Gauge("sglang:marconi_alpha", "Current Marconi alpha", names,
+                           multiprocess_mode="mostrecent")
+        self.hit_tokens = PCounter("sglang:marconi_hit_tokens", "Prefix tokens hit", names)
+        self.flops_saved = PCounter("sglang:marconi_flops_saved",
+                                    "Prefill FLOPs saved by hits", names)
+        self.admitted = PCounter("sglang:marconi_states_admitted",
+                                 "SSM states admitted", names + ["reason"])
+        self.evicted = PCounter("sglang:marconi_states_evicted",
+                                "SSM states evicted", names + ["reason"])
+
+    def request(self, hit_tokens: int, flops_saved: float) -> None:
+        self.hit_tokens.labels(**self.labels).inc(hit_tokens)
+        self.flops_saved.labels(**self.labels).inc(flops_saved)
+
+    def set_alpha(self, alpha: float) -> None:
+        self.alpha.labels(**self.labels).set(alpha)
+
+    def state(self, kind: str, reason: str) -> None:
+        series = self.admitted if kind == "admitted" else self.evicted
+        series.labels(reason=reason, **self.labels).inc()
+
+
+def make_exporter(cache) -> "PrometheusExporter | None":
+    """An exporter when SGLang's --enable-metrics built a metrics collector for the cache."""
+    collector = getattr(cache, "metrics_collector", None)
+    if collector is None:
+        return None
+    try:
+        return PrometheusExporter({str(k): str(v) for k, v in collector.labels.items()})
+    except Exception as exc:  # prometheus_client missing or a duplicate registration
+        logger.warning("Marconi Prometheus metrics disabled: %s", exc)
+        return None

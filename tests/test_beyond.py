@@ -1,0 +1,184 @@
+"""Beyond the paper: reuse likelihood, ghost index, learned end states, online alpha, the
+offline reference against an exhaustive optimum."""
+import math
+
+import numpy as np
+import pytest
+
+from sglang_marconi.model import HybridModelSpec
+from sglang_marconi.policy.cache import PrefixCache
+from sglang_marconi.policy.likelihood import EndStateUsefulness, ReuseWeight
+from sglang_marconi.policy.offline import FutureIndex, exhaustive_best, offline_cache
+from sglang_marconi.policy.tree import Node
+from sglang_marconi.sim.generators import generate
+from sglang_marconi.sim.policies import build_cache, parse_policy
+from sglang_marconi.sim.traces import Request
+
+SPEC = HybridModelSpec.from_preset("paper-7b")
+KV, STATE = SPEC.kv_bytes_per_token, SPEC.ssm_state_bytes
+
+
+def _node():
+    return Node(1, None, np.arange(3), 0.0)
+
+
+def test_reuse_weight_counts_follow_hits_exactly():
+    w = ReuseWeight(branch_bonus=2.0)  # no decay: plain counts
+    n = _node()
+    assert w(n) == 1.0
+    for t in (5, 9, 30):
+        w.record_hit(n, t)
+    assert n.hit_score == 3.0 and w(n) == 4.0
+    n.max_children = 2                      # was a branch point
+    assert w(n) == 6.0
+    n.children = {7: _node()}               # one child left: still a branch point
+    assert w(n) == 6.0
+    m = _node()
+    m.children = {7: _node()}
+    m.max_children = 1                      # a chain state (consumed by its extension)
+    w.record_hit(m, 1)
+    assert w(m) == w.chain_weight == 0.0
+
+
+def test_reuse_weight_decays_by_half_life():
+    w = ReuseWeight(half_life=10)
+    n = _node()
+    w.record_hit(n, 0)        # 1
+    w.record_hit(n, 10)       # 1 * 0.5 + 1 = 1.5
+    w.record_hit(n, 30)       # 1.5 * 0.25 + 1 = 1.375
+    assert n.hit_score == pytest.approx(1.375)
+    assert ReuseWeight(half_life=math.inf).half_life == math.inf
+
+
+def test_end_state_usefulness_rate():
+    u = EndStateUsefulness(threshold=0.2)
+    assert u.rate == 0.5 and u.admit()
+    for _ in range(18):
+        u.observe_end()
+    assert u.rate == pytest.approx(1 / 20) and not u.admit()
+    for _ in range(4):
+        u.observe_reuse()
+    assert u.rate == pytest.approx(5 / 20) and u.admit()
+
+
+def test_ghost_index_finds_branch_after_eviction():
+    """With room for one request only, a request's tail is evicted before a second request
+    shares its prefix: speculative insertion against the tree finds no branch point, the
+    ghost index does, so the shared prefix gets its checkpoint during this prefill."""
+    shared = list(range(5000, 5400))
+    capacity = 430 * KV + 2 * STATE
+    first = np.array(shared + list(range(10_000, 10_020)))
+    filler = np.arange(100_000, 100_420)
+    second = np.array(shared + list(range(20_000, 20_020)))
+    plans = {}
+    for name, ghost in (("plain", None), ("ghost", 10_000)):
+        cache = PrefixCache(SPEC, capacity, ghost_tokens=ghost)
+        cache.process(first, first)
+        cache.process(filler, filler)             # evicts ``first`` entirely
+        assert cache.tree.match(first).kv_len == 0
+        plans[name] = cache.begin(second)
+        cache.finish(plans[name], second)
+        cache.tree.check()
+        if ghost:
+            third = np.array(shared + list(range(30_000, 30_020)))
+            assert cache.begin(third).hit_len == len(shared)
+    assert plans["plain"].checkpoint_positions == ()
+    assert plans["ghost"].checkpoint_positions == (len(shared),)
+
+
+def test_end_states_learned_per_traffic():
+    cap = 4 * 10**9
+    chat = generate("chat", seed=0, sessions=60)
+    c = build_cache(parse_policy("marconi+"), SPEC, cap)
+    for r in chat.requests:
+        c.process(r.input_tokens, r.full_tokens)
+    assert c.end_usefulness.rate > 0.5 and c.stats.end_states_skipped == 0
+    sp = generate("shared-prompt", seed=0, requests=300)   # outputs never reused
+    c = build_cache(parse_policy("marconi+"), SPEC, cap)
+    for r in sp.requests:
+        c.process(r.input_tokens, r.full_tokens)
+    assert c.end_usefulness.rate < 0.05 and c.stats.end_states_skipped > 250
+
+
+def test_shadow_caches_hold_no_tensors():
+    c = build_cache(parse_policy("marconi:alpha=online:sample=0.5"), SPEC, 2 * 10**9)
+    for r in generate("chat", seed=2, sessions=20).requests:
+        c.process(r.input_tokens, r.full_tokens)
+    assert len(c.online.shadows) == 4
+    for shadow in c.online.shadows.values():
+        assert shadow.capacity == 10**9
+        for node in shadow.tree.iter_nodes():
+            for name in Node.__slots__:
+                value = getattr(node, name, None)
+                assert type(value).__module__.split(".")[0] != "torch"
+            assert node.tokens.dtype == np.int64
+
+
+def _phase_sums(policy, trace, cap):
+    c = build_cache(parse_policy(policy), SPEC, cap, trace=trace)
+    sums, alphas = {}, []
+    for r in trace.requests:
+        before = c.stats.flops_saved
+        c.process(r.input_tokens, r.full_tokens)
+        phase = r.session_id.split("-")[0]
+        sums[phase] = sums.get(phase, 0.0) + c.stats.flops_saved - before
+        alphas.append(c.alpha)
+    return sums, alphas
+
+
+def test_online_alpha_follows_each_phase():
+    """alpha-shift: bursts of one-shot long documents (recency wins), then steady reuse of
+    long documents (FLOPs per byte wins), then bursts again."""
+    trace = generate("alpha-shift", seed=0)
+    cap = 4 * 10**9
+    fixed = {a: _phase_sums(f"marconi:alpha={a}", trace, cap)[0] for a in (0.0, 0.5, 1.0, 2.0)}
+    best_steady = max(fixed, key=lambda a: fixed[a]["steady"])
+    best_burst = max(fixed, key=lambda a: fixed[a]["burst"])
+    assert best_steady == 2.0 and best_burst <= 0.5
+    # the best fixed alpha clearly differs between the phases
+    assert fixed[2.0]["steady"] > 1.1 * fixed[0.0]["steady"]
+    _, alphas = _phase_sums("marconi:alpha=online", trace, cap)
+    n = 600  # requests per phase
+    assert alphas[n - 1] <= 0.5                       # burst phase: stays near LRU
+    assert alphas[n + 200] == best_steady             # steady: moved within 200 requests
+    assert min(alphas[2 * n: 2 * n + 400]) <= 0.5     # bursts again: moved back within 400
+
+
+def _tiny_trace(seed):
+    rng = np.random.default_rng(seed)
+    prefixes = [list(range(1000 * (i + 1), 1000 * (i + 1) + int(rng.integers(20, 60))))
+                for i in range(4)]
+    out, fresh = [], 10**6
+    for _ in range(12):
+        p = prefixes[int(rng.integers(4))]
+        q = list(range(fresh, fresh + int(rng.integers(5, 15))))
+        fresh += 100
+        out.append(Request(np.array(p + q), np.array([fresh, fresh + 1])))
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 3, 4, 5])
+def test_offline_against_exhaustive_optimum(seed):
+    reqs = _tiny_trace(seed)
+    capacity = 100 * KV + 2 * STATE
+    off = offline_cache(SPEC, capacity, reqs)
+    for r in reqs:
+        off.process(r.input_tokens, r.full_tokens)
+    best, worst, runs = exhaustive_best(reqs, lambda: offline_cache(SPEC, capacity, reqs))
+    assert best > 0 and off.stats.evictions > 0
+    assert runs > 1 and worst < best      # the choices matter on this trace
+    assert off.stats.flops_saved <= best * (1 + 1e-9)
+    gap = 1 - off.stats.flops_saved / best if best else 0.0
+    print(f"seed {seed}: offline {off.stats.flops_saved:.4g} optimum {best:.4g} (worst "
+          f"{worst:.4g}, {runs} replays) gap {gap:.1%}")
+    assert gap < 0.5
+
+
+def test_future_index_next_use():
+    reqs = [np.array([1, 2, 3, 9]), np.array([1, 2, 4, 9]), np.array([5, 6, 9]),
+            np.array([1, 2, 3, 7, 9])]
+    f = FutureIndex(reqs)
+    assert f.users_of(np.array([1, 2])) == [0, 1, 3]
+    assert f.next_use(np.array([1, 2, 3]), after=0) == 3
+    assert f.next_use(np.array([1, 2, 3, 9]), after=0) is None   # key excludes the last token
+    assert f.next_use(np.array([5]), after=2) is None
