@@ -1,0 +1,39 @@
+"""``demo``: what ``make demo`` runs: the A/B of stock SGLang's hybrid radix cache against
+``MarconiUnifiedRadixCache`` on the bundled default (the shared Mooncake trace, Qwen3-Next's
+cost model, a 1.5M-token KV pool and 200 SSM-state slots), printed side by side."""
+from __future__ import annotations
+
+from pathlib import Path
+
+DEFAULT_TRACE = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "mooncake" \
+    / "synthetic_trace.jsonl"
+DEFAULTS = {"model": "qwen3_next", "kv_tokens": 1_500_000, "mamba_slots": 200}
+
+
+def add_arguments(parser) -> None:
+    from sglang_marconi.sglang_integration import ab_cli
+
+    ab_cli.add_arguments(parser)
+    for action in parser._actions:  # the demo has defaults for everything
+        if action.dest == "trace":
+            action.required, action.default = False, str(DEFAULT_TRACE)
+        elif action.dest in DEFAULTS:
+            action.required, action.default = False, DEFAULTS[action.dest]
+    for group in parser._mutually_exclusive_groups:
+        group.required = False
+
+
+def run(args) -> int:
+    from sglang_marconi.errors import UserError
+    from sglang_marconi.sglang_integration import ab_cli
+
+    if args.config:
+        args.model = None
+    if not Path(args.trace).is_file():
+        raise UserError(f"demo trace not found: {args.trace} (the repository expects the "
+                        "shared traces beside it; pass --trace PATH)")
+    if not args.json:
+        print(f"A/B on {args.trace}\n  model cost model: {args.model or args.config}, "
+              f"KV pool {args.kv_tokens:,} tokens, {args.mamba_slots} SSM-state slots, "
+              f"page size {args.page_size}\n")
+    return ab_cli.run(args)
