@@ -13,7 +13,8 @@ torch = pytest.importorskip("torch")
 
 from sglang_marconi.exact import runner, snapshot  # noqa: E402
 from sglang_marconi.exact.archs import ARCHS, build_model, get_arch  # noqa: E402
-from sglang_marconi.exact.scenario import N_DECODE, SYSTEM_LEN, USER_LEN, BranchOracle, run_arch  # noqa: E402
+from sglang_marconi.exact.scenario import (N_DECODE, SYSTEM_LEN, USER_LEN,  # noqa: E402
+                                           BranchOracle, run_arch)
 
 ALL = list(ARCHS)
 MAMBA2 = [a for a in ALL if ARCHS[a].ssm_family == "mamba2"]
@@ -75,6 +76,16 @@ def test_negative_control_off_by_one_fails(name):
         assert not res.ssd_crosscheck["passed"]
 
 
+@pytest.mark.parametrize("name", ["bamba", "qwen3_next"])
+def test_exact_under_eviction(name):
+    # a byte budget that forces evictions: on_evict frees tensors, the store stays in step
+    # with the tree (checked after every request), and whatever still hits is exact
+    res = run_arch(ARCHS[name], seed=0, capacity_bytes=100_000, crosscheck=False)
+    assert res.states_evicted > 0
+    assert res.branch_hits + res.output_hits > 0
+    assert res.max_abs_logit_diff <= res.tolerance and res.tokens_match
+
+
 def test_negative_control_one_token_late_fails():
     assert not result("bamba", ssm_offset=1).passed
 
@@ -114,9 +125,10 @@ def test_reference_scan_split_and_resume_equals_one_pass():
     from sglang_marconi.exact.ssd_reference import reference_state
 
     g = torch.Generator().manual_seed(0)
-    rec = {"hidden_states": torch.randn(1, 19, 2, 4, generator=g), "dt": torch.randn(1, 19, 2, generator=g),
-           "A": -torch.rand(2, generator=g), "B": torch.randn(1, 19, 1, 3, generator=g),
-           "C": torch.randn(1, 19, 1, 3, generator=g), "dt_bias": torch.zeros(2), "dt_softplus": True}
+    rec = {"hidden_states": torch.randn(1, 19, 2, 4, generator=g),
+           "dt": torch.randn(1, 19, 2, generator=g), "A": -torch.rand(2, generator=g),
+           "B": torch.randn(1, 19, 1, 3, generator=g), "C": torch.randn(1, 19, 1, 3, generator=g),
+           "dt_bias": torch.zeros(2), "dt_softplus": True}
     one = reference_state(rec, 19, resume_at=0)
     for h in (5, 8, 13):
         assert torch.allclose(reference_state(rec, 19, resume_at=h), one, atol=1e-6)

@@ -6,6 +6,8 @@ quirks that matter for resuming from a cache:
 * ``token_by_token``: Jamba's multi-token forward on a cached state does not feed the saved
   SSM state into its scan (only its single-token path does), so continuation after a
   restored or captured state must go one token at a time there.
+* ``prefill_only_dt_clamp``: NemotronH's and Zamba2's chunked scan clamps dt to
+  ``time_step_min`` but their single-token update does not; ``build_model`` lifts the clamp.
 * ``ssm_family``: ``mamba2`` layers get the independent reference-scan cross-check
   (``ssd_reference``); ``gdn`` (gated delta net) and ``mamba1`` do not.
 """

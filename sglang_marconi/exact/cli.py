@@ -16,12 +16,13 @@ from sglang_marconi.errors import UserError
 
 def add_arguments(parser) -> None:
     parser.add_argument("--arch", help="architecture name (see --list), or 'all'")
-    parser.add_argument("--seed", type=int, default=0, help="weights and request tokens (default 0)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the weights and request tokens (default 0)")
     parser.add_argument("--json", action="store_true", help="print the full results as JSON")
     parser.add_argument("--list", action="store_true", help="list the architectures and exit")
     g = parser.add_argument_group("controls (each should make the check FAIL)")
     g.add_argument("--ssm-offset", type=int, default=0, metavar="N",
-                   help="negative control: take branch-point SSM states N tokens off their position")
+                   help="negative control: take branch-point SSM states N tokens off")
     g.add_argument("--keep-dt-clamp", action="store_true",
                    help="keep NemotronH/Zamba2's prefill-only dt clamp (decode then disagrees)")
     g.add_argument("--chunked-continuation", action="store_true",
@@ -54,10 +55,11 @@ def run(args) -> int:
         if not args.json:
             print_result(res, arch)
     if args.json:
-        print(json.dumps([r.to_dict() for r in results] if len(results) > 1 else results[0].to_dict(),
-                         indent=2))
+        data = [r.to_dict() for r in results]
+        print(json.dumps(data if len(data) > 1 else data[0], indent=2))
     elif len(results) > 1:
-        print("summary: " + ", ".join(f"{r.arch} {'PASS' if r.passed else 'FAIL'}" for r in results))
+        verdicts = (f"{r.arch} {'PASS' if r.passed else 'FAIL'}" for r in results)
+        print("summary: " + ", ".join(verdicts))
     return 0 if all(r.passed for r in results) else 1
 
 
@@ -84,8 +86,9 @@ def print_result(res, arch) -> None:
           f"{yes(res.checkpoint_bytes_match_cost_model)}")
     if res.ssd_crosscheck:
         s = res.ssd_crosscheck
-        print(f"Mamba2 states vs mamba-ssm ssd_minimal_discrete: {s['checked_states']} layer states, "
-              f"max rel diff {s['max_rel_diff']:.2e} (rtol {s['rtol']:.0e}): {yes(s['passed'])}")
+        print(f"Mamba2 states vs mamba-ssm ssd_minimal_discrete: {s['checked_states']} layer "
+              f"states, max rel diff {s['max_rel_diff']:.2e} (rtol {s['rtol']:.0e}): "
+              f"{yes(s['passed'])}")
     if res.ssm_offset:
         print(f"negative control: branch-point states taken {res.ssm_offset:+d} token(s) off")
     print("PASS" if res.passed else "FAIL")

@@ -65,6 +65,7 @@ class ArchResult:
     checkpoint_bytes_match_cost_model: bool | None
     ssd_crosscheck: dict | None
     ssm_offset: int = 0
+    states_evicted: int = 0  # states the tree evicted (their tensors left the store)
 
     @property
     def passed(self) -> bool:
@@ -114,8 +115,10 @@ class BranchOracle:
         self.checkpoints: set[tuple] = set()
 
     def expected(self, tokens) -> tuple[int, list[int]]:
-        hit = max((p for p in range(len(tokens)) if tuple(tokens[:p]) in self.checkpoints), default=0)
-        branch = max((_lcp(tokens, s) for s in self.sequences if _lcp(tokens, s) < len(s)), default=0)
+        hit = max((p for p in range(len(tokens)) if tuple(tokens[:p]) in self.checkpoints),
+                  default=0)
+        inside = [n for n, s in ((_lcp(tokens, s), s) for s in self.sequences) if n < len(s)]
+        branch = max(inside, default=0)
         return hit, ([branch] if hit < branch < len(tokens) else [])
 
     def record(self, full_tokens, positions) -> None:
@@ -123,99 +126,50 @@ class BranchOracle:
         self.checkpoints.update(tuple(full_tokens[:p]) for p in positions)
 
 
-def make_cache(spec):
-    """The project's prefix cache: unlimited capacity, grid 1, Marconi admission, LRU."""
+def make_cache(spec, capacity_bytes=None):
+    """The project's prefix cache: grid 1, Marconi admission, LRU (unlimited by default)."""
     from sglang_marconi.policy.cache import PrefixCache
 
-    return PrefixCache(spec, capacity_bytes=None, grid=1, max_states_per_request=2, alpha=0.0)
+    return PrefixCache(spec, capacity_bytes=capacity_bytes, grid=1, max_states_per_request=2,
+                       alpha=0.0)
 
 
 def run_arch(arch: Arch, seed: int = 0, ssm_offset: int = 0, n_decode: int = N_DECODE,
              tolerance: float = TOLERANCE, crosscheck: bool = True,
-             keep_dt_clamp: bool = False) -> ArchResult:
+             keep_dt_clamp: bool = False, capacity_bytes: int | None = None) -> ArchResult:
     """Serve the request sequence through the cache on ``arch`` and compare with uncached.
 
-    ``keep_dt_clamp`` keeps a prefill-only dt clamp (see ``archs.build_model``). Runs on one
+    ``keep_dt_clamp`` keeps a prefill-only dt clamp (see ``archs.build_model``);
+    ``capacity_bytes`` bounds the tree (the oracle then no longer predicts hits). Runs on one
     CPU thread: these models are tiny, and extra threads only add contention."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _run_arch(arch, seed, ssm_offset, n_decode, tolerance, crosscheck, keep_dt_clamp)
+        return _run_arch(arch, seed, ssm_offset, n_decode, tolerance, crosscheck, keep_dt_clamp,
+                         capacity_bytes)
     finally:
         torch.set_num_threads(threads)
 
 
-def _run_arch(arch, seed, ssm_offset, n_decode, tolerance, crosscheck, keep_dt_clamp):
+def _run_arch(arch, seed, ssm_offset, n_decode, tolerance, crosscheck, keep_dt_clamp,
+              capacity_bytes):
     from sglang_marconi.model import HybridModelSpec
 
     model = build_model(arch, seed, keep_dt_clamp=keep_dt_clamp)
     spec = HybridModelSpec.from_hf_config(model.config, dtype="float32")
-    cache, store, oracle = make_cache(spec), CheckpointStore(), BranchOracle()
-    cache.on_evict = store.on_evict
+    server = _Server(arch, model, spec, make_cache(spec, capacity_bytes), ssm_offset, n_decode,
+                     crosscheck and arch.ssm_family == "mamba2")
     history: dict[int, list[int]] = {}
-    results, bytes_ok, state_checks = [], True, []
-    branch_hits = output_hits = 0
-    branch_positions: set[tuple] = set()  # prefixes whose state was taken mid-prompt
-
+    results = []
     for name, conv, turn in _requests(seed):
         tokens = history.get(conv, []) + turn
-        exp_hit, exp_positions = oracle.expected(tokens)
-        plan = cache.begin(tokens)
-        hit = plan.hit_len
-        if hit >= len(tokens):
-            raise RuntimeError(f"{name}: hit of {hit} covers the whole input of {len(tokens)}")
-        if hit:
-            kv_cache = snapshot.restore(model.config, store.get(plan.hit_node.id, hit))
-            if tuple(tokens[:hit]) in branch_positions:
-                branch_hits += 1
-            else:
-                output_hits += 1
-        else:
-            kv_cache = snapshot.DynamicCache(config=model.config)
-        positions = list(plan.checkpoint_positions)
-        taken: dict[int, dict] = {}
-
-        def on_split(pos, c):
-            taken[pos - ssm_offset] = snapshot.take_ssm_states(c)
-
-        last = runner.segmented_prefill(model, arch, kv_cache, tokens, hit,
-                                        [p + ssm_offset for p in positions], on_split)
-        output, step_logits = runner.greedy_decode(model, arch, kv_cache, last, len(tokens), n_decode)
-        full = tokens + output[:-1]
-        taken[len(full)] = snapshot.take_ssm_states(kv_cache)
-        nodes = cache.finish(plan, full)
-        for pos, node in sorted(nodes.items()):
-            if pos not in taken:
-                raise RuntimeError(f"{name}: the tree stored a state at {pos}, which this "
-                                   f"prefill was not asked to take (asked: {positions})")
-            ckpt = snapshot.Checkpoint(pos, snapshot.take_kv(kv_cache, pos), taken[pos])
-            bytes_ok &= ckpt.nbytes == pos * spec.kv_bytes_per_token + spec.ssm_state_bytes
-            store.put(node.id, ckpt)
-            if pos < len(tokens):
-                branch_positions.add(tuple(tokens[:pos]))
-
-        oracle.record(full, exp_positions + [len(full)])
-
-        if crosscheck and arch.ssm_family == "mamba2":
-            ref, checks = _crosscheck(model, arch, full, {p: taken[p] for p in nodes}, hit)
-            state_checks += checks
-        else:
-            ref = runner.uncached_logits(model, full)
-        ref_steps = ref[len(tokens) - 1:]
-        diffs = (step_logits - ref_steps).abs().amax(dim=-1)
-        results.append(RequestResult(
-            name=name, input_len=len(tokens), hit_len=hit, checkpoint_positions=positions,
-            expected_positions=exp_positions, expected_hit_len=exp_hit, stored_positions=sorted(nodes),
-            next_token_max_abs_diff=float(diffs[0]),
-            continuation_max_abs_diff=float(diffs[1:].max()) if len(diffs) > 1 else 0.0,
-            tokens_match=torch.argmax(ref_steps, dim=-1).tolist() == output, output=output,
-        ))
-        history[conv] = tokens + output
+        results.append(server.serve(name, tokens))
+        history[conv] = tokens + results[-1].output
 
     ssd = None
-    if state_checks:
-        worst = max(state_checks)
-        ssd = {"checked_states": len(state_checks), "max_rel_diff": worst,
+    if server.state_checks:
+        worst = max(server.state_checks)
+        ssd = {"checked_states": len(server.state_checks), "max_rel_diff": worst,
                "rtol": STATE_RTOL, "passed": worst <= STATE_RTOL}
     return ArchResult(
         arch=arch.name, seed=seed, tolerance=tolerance, requests=results,
@@ -224,9 +178,101 @@ def _run_arch(arch, seed, ssm_offset, n_decode, tolerance, crosscheck, keep_dt_c
         tokens_match=all(r.tokens_match for r in results),
         positions_match=all(r.checkpoint_positions == r.expected_positions
                             and r.hit_len == r.expected_hit_len for r in results),
-        branch_hits=branch_hits, output_hits=output_hits,
-        checkpoint_bytes_match_cost_model=bytes_ok, ssd_crosscheck=ssd, ssm_offset=ssm_offset,
+        branch_hits=server.branch_hits, output_hits=server.output_hits,
+        checkpoint_bytes_match_cost_model=server.bytes_ok, ssd_crosscheck=ssd,
+        ssm_offset=ssm_offset, states_evicted=len(server.store.evicted),
     )
+
+
+class _Server:
+    """Serves requests one at a time: tree plan, resume, two-pass prefill, decode, admit."""
+
+    def __init__(self, arch, model, spec, cache, ssm_offset, n_decode, crosscheck):
+        self.arch, self.model, self.spec, self.cache = arch, model, spec, cache
+        self.ssm_offset, self.n_decode, self.crosscheck = ssm_offset, n_decode, crosscheck
+        self.store, self.oracle = CheckpointStore(), BranchOracle()
+        cache.on_evict = self.store.on_evict
+        self.branch_prefixes: set[tuple] = set()  # prefixes whose state was taken mid-prompt
+        self.branch_hits = self.output_hits = 0
+        self.bytes_ok = True
+        self.state_checks: list[float] = []
+
+    def serve(self, name: str, tokens: list[int]) -> RequestResult:
+        exp_hit, exp_positions = self.oracle.expected(tokens)
+        plan = self.cache.begin(tokens)
+        kv_cache = self._resume(name, plan, tokens)
+        positions = list(plan.checkpoint_positions)
+        taken: dict[int, dict] = {}  # position -> SSM states taken there
+
+        def on_split(pos, c):
+            taken[pos - self.ssm_offset] = snapshot.take_ssm_states(c)
+
+        last = runner.segmented_prefill(self.model, self.arch, kv_cache, tokens, plan.hit_len,
+                                        [p + self.ssm_offset for p in positions], on_split)
+        output, step_logits = runner.greedy_decode(self.model, self.arch, kv_cache, last,
+                                                   len(tokens), self.n_decode)
+        full = tokens + output[:-1]
+        taken[len(full)] = snapshot.take_ssm_states(kv_cache)
+        nodes = self._admit(name, plan, tokens, full, kv_cache, taken)
+        self.oracle.record(full, exp_positions + [len(full)])
+
+        ref_steps = self._reference(full, {p: taken[p] for p in nodes}, plan.hit_len)
+        ref_steps = ref_steps[len(tokens) - 1:]
+        diffs = (step_logits - ref_steps).abs().amax(dim=-1)
+        return RequestResult(
+            name=name, input_len=len(tokens), hit_len=plan.hit_len,
+            checkpoint_positions=positions, expected_positions=exp_positions,
+            expected_hit_len=exp_hit, stored_positions=sorted(nodes),
+            next_token_max_abs_diff=float(diffs[0]),
+            continuation_max_abs_diff=float(diffs[1:].max()) if len(diffs) > 1 else 0.0,
+            tokens_match=torch.argmax(ref_steps, dim=-1).tolist() == output, output=output,
+        )
+
+    def _resume(self, name, plan, tokens):
+        """A cache restored from the hit's checkpoint, or a fresh one."""
+        hit = plan.hit_len
+        if not hit:
+            return snapshot.DynamicCache(config=self.model.config)
+        if hit >= len(tokens):
+            raise RuntimeError(f"{name}: hit of {hit} covers the whole input of {len(tokens)}")
+        if tuple(tokens[:hit]) in self.branch_prefixes:
+            self.branch_hits += 1
+        else:
+            self.output_hits += 1
+        return snapshot.restore(self.model.config, self.store.get(plan.hit_node.id, hit))
+
+    def _admit(self, name, plan, tokens, full, kv_cache, taken) -> dict:
+        """``cache.finish`` and the tensors of every checkpoint it stored."""
+        nodes = self.cache.finish(plan, full)
+        for pos, node in sorted(nodes.items()):
+            if pos not in taken:
+                raise RuntimeError(f"{name}: the tree stored a state at {pos}, which this "
+                                   f"prefill was not asked to take (asked: "
+                                   f"{list(plan.checkpoint_positions)})")
+            ckpt = snapshot.Checkpoint(pos, snapshot.take_kv(kv_cache, pos), taken[pos])
+            model_bytes = pos * self.spec.kv_bytes_per_token + self.spec.ssm_state_bytes
+            self.bytes_ok &= ckpt.nbytes == model_bytes
+            self.store.put(node.id, ckpt)
+            if pos < len(tokens):
+                self.branch_prefixes.add(tuple(tokens[:pos]))
+        _check_store_matches_tree(self.cache, self.store)
+        return nodes
+
+    def _reference(self, full, states_at, hit):
+        """Uncached logits over ``full`` (and, for Mamba2, the reference-scan state check)."""
+        if not self.crosscheck:
+            return runner.uncached_logits(self.model, full)
+        ref, checks = _crosscheck(self.model, self.arch, full, states_at, hit)
+        self.state_checks += checks
+        return ref
+
+
+def _check_store_matches_tree(cache, store) -> None:
+    """Every tree node that holds a state has tensors in the store, and nothing else does."""
+    in_tree = {n.id for n in cache.tree.iter_nodes() if n.has_state}
+    if in_tree != store.node_ids:
+        raise RuntimeError(f"tree states {sorted(in_tree)} != stored tensors "
+                           f"{sorted(store.node_ids)}")
 
 
 def _crosscheck(model, arch, full, states_at, hit):

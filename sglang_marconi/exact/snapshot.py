@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin, LinearAttentionLayer
+from transformers.cache_utils import (DynamicLayer, LinearAttentionCacheLayerMixin,
+                                      LinearAttentionLayer)
 
 
 @dataclass
@@ -42,7 +43,7 @@ class Checkpoint:
     def nbytes(self) -> int:
         total = sum(k.nbytes + v.nbytes for k, v in self.kv.values())
         for s in self.ssm.values():
-            total += sum(t.nbytes for t in s.conv.values()) + sum(t.nbytes for t in s.recurrent.values())
+            total += sum(t.nbytes for t in (*s.conv.values(), *s.recurrent.values()))
         return total
 
 
@@ -52,7 +53,8 @@ def cache_length(cache) -> int:
 
 
 def _has_kv(layer) -> bool:
-    return isinstance(layer, DynamicLayer) and getattr(layer, "is_initialized", False) and layer.keys is not None
+    return (isinstance(layer, DynamicLayer) and getattr(layer, "is_initialized", False)
+            and layer.keys is not None)
 
 
 def take_ssm_states(cache) -> dict[int, SSMState]:
@@ -61,7 +63,8 @@ def take_ssm_states(cache) -> dict[int, SSMState]:
     for i, layer in enumerate(cache.layers):
         if not isinstance(layer, LinearAttentionCacheLayerMixin):
             continue
-        conv = {k: v[..., 1:].detach().clone() for k, v in layer.conv_states.items() if v is not None}
+        conv = {k: v[..., 1:].detach().clone()  # the last kernel - 1 columns
+                for k, v in layer.conv_states.items() if v is not None}
         rec = {k: v.detach().clone() for k, v in layer.recurrent_states.items() if v is not None}
         if conv or rec:
             out[i] = SSMState(conv, rec)
@@ -74,7 +77,8 @@ def take_kv(cache, length: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
     for i, layer in enumerate(cache.layers):
         if _has_kv(layer):
             if layer.keys.shape[-2] < length:
-                raise ValueError(f"layer {i} holds KV of {layer.keys.shape[-2]} tokens, need {length}")
+                raise ValueError(f"layer {i} holds KV of {layer.keys.shape[-2]} tokens, "
+                                 f"need {length}")
             out[i] = (layer.keys[..., :length, :].clone(), layer.values[..., :length, :].clone())
     return out
 
@@ -89,7 +93,8 @@ def restore(config, ckpt: Checkpoint) -> DynamicCache:
     for i, state in ckpt.ssm.items():
         layer = cache.layers[i]
         if not isinstance(layer, LinearAttentionLayer):
-            raise TypeError(f"layer {i} of a fresh cache is {type(layer).__name__}, not an SSM layer")
+            raise TypeError(f"layer {i} of a fresh cache is {type(layer).__name__}, "
+                            "not an SSM layer")
         for idx, conv in state.conv.items():
             conv = torch.nn.functional.pad(conv, (1, 0))  # the never-read oldest column
             LinearAttentionLayer.lazy_initialization(

@@ -26,7 +26,8 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-_STUBBED = ("mamba_ssm", "mamba_ssm.ops", "mamba_ssm.ops.triton", "mamba_ssm.ops.triton.ssd_combined")
+_STUBBED = ("mamba_ssm", "mamba_ssm.ops", "mamba_ssm.ops.triton",
+            "mamba_ssm.ops.triton.ssd_combined")
 
 
 @lru_cache(maxsize=1)

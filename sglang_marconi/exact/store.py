@@ -25,13 +25,18 @@ class CheckpointStore:
             raise KeyError(f"the tree reports a state at node {node_id}, but the store has none")
         ckpt = self._entries[node_id]
         if ckpt.position != position:
-            raise ValueError(f"node {node_id}: stored state is at {ckpt.position}, hit needs {position}")
+            raise ValueError(f"node {node_id}: stored state is at {ckpt.position}, "
+                             f"the hit needs {position}")
         return ckpt
 
     def on_evict(self, node) -> None:
         """``PrefixCache.on_evict`` callback: drop the node's tensors."""
         if self._entries.pop(node.id, None) is not None:
             self.evicted.append(node.id)
+
+    @property
+    def node_ids(self) -> set[int]:
+        return set(self._entries)
 
     def __len__(self) -> int:
         return len(self._entries)
