@@ -104,5 +104,5 @@ def print_table(res: dict) -> None:
                f"{frac_inf:.2%}" if frac_inf is not None else "-", f"{r['states_admitted']:,}",
                f"{r['states_evicted']:,}", human_bytes(r["peak_bytes"]),
                f"{r['ttft_p50_s'] * 1e3:.0f} ms", f"{r['ttft_p95_s'] * 1e3:.0f} ms",
-               f"{r['alpha']:.1f}", f"{r['wall_s']:.1f} s")
+               "-" if r["alpha"] is None else f"{r['alpha']:.1f}", f"{r['wall_s']:.1f} s")
         print(" ".join(f"{c:>11}" for c in row))

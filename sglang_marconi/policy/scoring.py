@@ -108,6 +108,10 @@ class VictimQueue:
     def discard(self, node) -> None:
         self._live.pop(node, None)
 
+    def refresh(self) -> None:
+        """Re-normalise over the current candidates now (e.g. after loading many at once)."""
+        self._rebuild()
+
     def _rebuild(self) -> None:
         live = self._live
         if live:

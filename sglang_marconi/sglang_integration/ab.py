@@ -131,6 +131,7 @@ def run_one(name: str, requests: list, cfg: ABConfig,
         "peak_kv_slots_used": peak_kv,
         "peak_state_slots_used": peak_mamba,
         "bookkeeping_ms_per_request": 1000 * statistics.fmean(times) if times else 0.0,
+        "bookkeeping_ms_p50": 1000 * _quantile(times, 0.50),
         "bookkeeping_ms_p95": 1000 * _quantile(times, 0.95),
         "wall_seconds": wall,
     }

@@ -22,9 +22,14 @@ def model_spec(model_config):
         raise ValueError(f"--cache-policy marconi: no cost model for {arch[0]}: {exc}") from None
 
 
-def marconi_cache_factory(ctx):
-    """Build ``MarconiUnifiedRadixCache`` the way SGLang builds its default hybrid cache."""
+def marconi_cache_factory(ctx, settings: MarconiSettings | None = None):
+    """Build ``MarconiUnifiedRadixCache`` the way SGLang builds its default hybrid cache.
+
+    ``settings`` default to the ``SGLANG_MARCONI_*`` variables the plugin's flag hook
+    exported in the launcher (scheduler processes inherit them).
+    """
     from sglang.srt.mem_cache.registry import create_unified_radix_cache
+    from sglang.srt.runtime_context import get_memory
 
     from sglang_marconi.sglang_integration.cache import MarconiUnifiedRadixCache
 
@@ -40,7 +45,23 @@ def marconi_cache_factory(ctx):
                          "(drop --disable-radix-cache)")
     if ctx.enable_hierarchical_cache:
         raise ValueError("--cache-policy marconi does not support --enable-hierarchical-cache")
-    settings = MarconiSettings.from_env()
+    eviction = get_memory().radix_eviction_policy
+    if eviction not in (None, "lru"):
+        raise ValueError("--cache-policy marconi replaces the eviction order; drop "
+                         f"--radix-eviction-policy {eviction}")
+    settings = settings or MarconiSettings.from_env()
     spec = model_spec(ctx.model_config)
     cache_class = functools.partial(MarconiUnifiedRadixCache, settings=settings, spec=spec)
     return create_unified_radix_cache(ctx, cache_class=cache_class)
+
+
+def native_cache_factory(ctx, memory):
+    """Entry point for SGLang patched with ``patches/sglang-0.5.23-cache-policy.patch``:
+    the settings come from its native ``--marconi-*`` fields (``memory`` namespace)."""
+    from sglang_marconi.sglang_integration.options import parse_alpha
+
+    settings = MarconiSettings(
+        alpha=parse_alpha(memory.marconi_alpha),
+        bootstrap_multiplier=float(memory.marconi_bootstrap_multiplier),
+        max_states_per_request=int(memory.marconi_max_states_per_request))
+    return marconi_cache_factory(ctx, settings)

@@ -38,7 +38,7 @@ class MarconiSettings:
 
     alpha: Union[float, str] = "auto"  # a number >= 0, or "auto" (bootstrap tuning)
     bootstrap_multiplier: float = 5.0  # k: tune after k x (requests until first eviction)
-    max_states_per_request: int = 2    # states one request may leave in the tree; -1: no cap
+    max_states_per_request: int = -1   # states one request may leave in the tree; -1: no cap
 
     def __post_init__(self):
         parse_alpha(self.alpha)
@@ -114,8 +114,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--marconi-max-states-per-request", dest="marconi_max_states",
                        type=int, default=None,
                        help="SSM states one request may leave in the tree: the branch point "
-                            "and the last state first, then chunk-boundary states "
-                            "(default 2 as in the paper; -1 = no cap, stock admission).")
+                            "and the final state first, then chunk-boundary states (2 = the "
+                            "paper's admission; default -1 = no cap: SGLang's own states, "
+                            "with FLOP-aware eviction deciding which to keep).")
 
 
 def settings_from_namespace(args) -> Optional[MarconiSettings]:
@@ -133,7 +134,7 @@ def settings_from_namespace(args) -> Optional[MarconiSettings]:
     if policy != "marconi":
         stray = [name for name, value in given.items() if value is not None]
         if stray and backend != BACKEND_NAME:
-            raise ValueError(f"{', '.join(stray)} only apply with --cache-policy marconi")
+            raise ValueError(f"{', '.join(stray)}: only apply with --cache-policy marconi")
         if backend != BACKEND_NAME:
             return None
     if backend not in (None, BACKEND_NAME):

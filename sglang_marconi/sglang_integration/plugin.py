@@ -23,9 +23,18 @@ def _after_add_cli_args(result, parser, *args, **kwargs):
     return result
 
 
+def _has_native_flags(cls) -> bool:
+    """SGLang patched with ``patches/`` declares the flags itself and routes the cache."""
+    from sglang.srt.arg_groups.arg_utils import record_fields
+
+    return any(f.name == "cache_policy" for f in record_fields(cls))
+
+
 def _around_from_cli_args(original, cls, args, *rest, **kwargs):
     from sglang_marconi.sglang_integration.options import apply_to_namespace
 
+    if _has_native_flags(cls):
+        return original(cls, args, *rest, **kwargs)
     try:
         apply_to_namespace(args)
     except ValueError as exc:

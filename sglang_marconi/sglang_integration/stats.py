@@ -28,6 +28,7 @@ class MarconiStats:
     prefill_flops: float = 0.0
     alpha: float = 0.0
     alpha_tuned: bool = False
+    tuning_seconds: float = 0.0
     admitted: Counter = field(default_factory=Counter)
     rejected: int = 0
     evicted: Counter = field(default_factory=Counter)
@@ -46,6 +47,7 @@ class MarconiStats:
             "prefill_flops": self.prefill_flops,
             "alpha": self.alpha,
             "alpha_tuned": self.alpha_tuned,
+            "tuning_seconds": self.tuning_seconds,
             "states_admitted": {r: self.admitted[r] for r in ADMIT_REASONS},
             "states_rejected": self.rejected,
             "states_evicted": {r: self.evicted[r] for r in EVICT_REASONS},
@@ -60,35 +62,45 @@ class MarconiStats:
                 f" rejected={self.rejected} states_evicted[{ev}]")
 
 
+_SERIES: dict = {}  # one set of Prometheus series per process, shared by every cache
+
+
+def _series(label_names: tuple) -> dict:
+    if label_names not in _SERIES:
+        from prometheus_client import Counter as PCounter
+        from prometheus_client import Gauge
+
+        names = list(label_names)
+        _SERIES[label_names] = {
+            "alpha": Gauge("sglang:marconi_alpha", "Current Marconi alpha", names,
+                           multiprocess_mode="mostrecent"),
+            "hit_tokens": PCounter("sglang:marconi_hit_tokens", "Prefix tokens hit", names),
+            "flops_saved": PCounter("sglang:marconi_flops_saved",
+                                    "Prefill FLOPs saved by hits", names),
+            "admitted": PCounter("sglang:marconi_states_admitted", "SSM states admitted",
+                                 names + ["reason"]),
+            "evicted": PCounter("sglang:marconi_states_evicted", "SSM states evicted",
+                                names + ["reason"]),
+        }
+    return _SERIES[label_names]
+
+
 class PrometheusExporter:
     """``sglang:marconi_*`` series next to SGLang's own radix-cache metrics."""
 
     def __init__(self, labels: dict):
-        from prometheus_client import Counter as PCounter
-        from prometheus_client import Gauge
-
-        names = sorted(labels)
         self.labels = labels
-        self.alpha = Gauge("sglang:marconi_alpha", "Current Marconi alpha", names,
-                           multiprocess_mode="mostrecent")
-        self.hit_tokens = PCounter("sglang:marconi_hit_tokens", "Prefix tokens hit", names)
-        self.flops_saved = PCounter("sglang:marconi_flops_saved",
-                                    "Prefill FLOPs saved by hits", names)
-        self.admitted = PCounter("sglang:marconi_states_admitted",
-                                 "SSM states admitted", names + ["reason"])
-        self.evicted = PCounter("sglang:marconi_states_evicted",
-                                "SSM states evicted", names + ["reason"])
+        self.series = _series(tuple(sorted(labels)))
 
     def request(self, hit_tokens: int, flops_saved: float) -> None:
-        self.hit_tokens.labels(**self.labels).inc(hit_tokens)
-        self.flops_saved.labels(**self.labels).inc(flops_saved)
+        self.series["hit_tokens"].labels(**self.labels).inc(hit_tokens)
+        self.series["flops_saved"].labels(**self.labels).inc(flops_saved)
 
     def set_alpha(self, alpha: float) -> None:
-        self.alpha.labels(**self.labels).set(alpha)
+        self.series["alpha"].labels(**self.labels).set(alpha)
 
     def state(self, kind: str, reason: str) -> None:
-        series = self.admitted if kind == "admitted" else self.evicted
-        series.labels(reason=reason, **self.labels).inc()
+        self.series[kind].labels(reason=reason, **self.labels).inc()
 
 
 def make_exporter(cache) -> "PrometheusExporter | None":
@@ -98,6 +110,6 @@ def make_exporter(cache) -> "PrometheusExporter | None":
         return None
     try:
         return PrometheusExporter({str(k): str(v) for k, v in collector.labels.items()})
-    except Exception as exc:  # prometheus_client missing or a duplicate registration
+    except Exception as exc:  # prometheus_client missing, or clashing series
         logger.warning("Marconi Prometheus metrics disabled: %s", exc)
         return None

@@ -99,7 +99,7 @@ def _offline(p, spec, cap, grid, trace):
     from sglang_marconi.policy.offline import offline_cache
 
     ghost = _number(p, "ghost", float, 10.0, 0.0)
-    ghost_tokens = int(ghost * cap / spec.kv_bytes_per_token) if cap and ghost else None
+    ghost_tokens = ghost_budget(ghost, spec, cap)
     return offline_cache(spec, cap, trace.requests, grid,
                          _number(p, "max_states", int, 2, 0), ghost_tokens)
 
@@ -121,6 +121,16 @@ def _online(p: PolicySpec) -> dict:
     return out
 
 
+def ghost_budget(ghost: float, spec, cap) -> int | None:
+    """Tokens the ghost index remembers: ``ghost`` times the KV tokens the capacity holds
+    (for a model without attention layers, whose KV is free: ``ghost`` x the states it holds
+    x 4096 tokens)."""
+    if not cap or not ghost:
+        return None
+    per_token = spec.kv_bytes_per_token or spec.ssm_state_bytes / 4096
+    return max(1, int(ghost * cap / per_token))
+
+
 def _marconi_plus(p, spec, cap, grid):
     import math
 
@@ -130,7 +140,7 @@ def _marconi_plus(p, spec, cap, grid):
                          half_life=_number(p, "half_life", float, math.inf, 1.0),
                          chain_weight=_number(p, "chain", float, 0.0, 0.0))
     ghost = _number(p, "ghost", float, 10.0, 0.0)
-    ghost_tokens = int(ghost * cap / spec.kv_bytes_per_token) if cap and ghost else None
+    ghost_tokens = ghost_budget(ghost, spec, cap)
     threshold = _number(p, "end_threshold", float, 0.05, 0.0) if ghost_tokens else None
     return PrefixCache(spec, cap, grid=grid, reuse_weight=weight, ghost_tokens=ghost_tokens,
                        end_threshold=threshold, **_common(p))

@@ -64,7 +64,7 @@ def summarize(cache, trace, hits, spec, latency, wall) -> dict:
         "ttft_p95_s": float(np.percentile(ttft, 95)),
         "short_token_hit_rate": _rate(hits[~long], lens[~long]),
         "long_token_hit_rate": _rate(hits[long], lens[long]),
-        "alpha": cache.alpha,
+        "alpha": None if cache.tree.queue.mode == "gdsf" else cache.alpha,
         "wall_s": wall,
     }
     tuner = getattr(cache, "tuner", None)

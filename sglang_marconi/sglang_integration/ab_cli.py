@@ -1,0 +1,169 @@
+"""``python -m sglang_marconi ab``: replay a trace through stock SGLang caches and the
+Marconi cache on CPU and print them side by side (``--json`` for machines)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+
+from sglang_marconi.errors import UserError
+
+CACHE_NAMES = ("stock", "stock-python", "marconi")
+
+ROWS = (  # (label, key, format)
+    ("token hit rate", "token_hit_rate", "{:.2%}"),
+    ("FLOPs saved", "flops_saved", "{:.3e}"),
+    ("FLOPs saved / all prefill", "flops_saved_fraction", "{:.2%}"),
+    ("states admitted", "states_admitted", "{:,}"),
+    ("states evicted", "states_evicted", "{:,}"),
+    ("KV tokens evicted", "kv_tokens_evicted", "{:,}"),
+    ("peak KV token slots used", "peak_kv_slots_used", "{:,}"),
+    ("peak state slots used", "peak_state_slots_used", "{:,}"),
+    ("bookkeeping ms / request", "bookkeeping_ms_per_request", "{:.2f}"),
+    ("bookkeeping ms p50", "bookkeeping_ms_p50", "{:.2f}"),
+    ("bookkeeping ms p95", "bookkeeping_ms_p95", "{:.2f}"),
+    ("wall seconds", "wall_seconds", "{:.1f}"),
+)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trace", required=True, help="Mooncake or session JSONL trace")
+    model = parser.add_mutually_exclusive_group(required=True)
+    model.add_argument("--model", metavar="PRESET", help="model preset (cost model)")
+    model.add_argument("--config", metavar="PATH", help="HF config.json (cost model)")
+    parser.add_argument("--kv-tokens", type=_positive, required=True,
+                        help="KV token slots of the pool (SGLang max_total_num_tokens)")
+    parser.add_argument("--mamba-slots", type=_positive, required=True,
+                        help="SSM state slots of the pool (a running request holds 3)")
+    parser.add_argument("--page-size", type=_positive, default=64)
+    parser.add_argument("--chunked-prefill-size", type=_positive, default=8192)
+    parser.add_argument("--mamba-track-interval", type=_positive, default=256)
+    parser.add_argument("--limit", type=_positive, default=None,
+                        help="replay only the first N requests")
+    parser.add_argument("--caches", default=",".join(CACHE_NAMES),
+                        help=f"comma-separated subset of {', '.join(CACHE_NAMES)}")
+    parser.add_argument("--marconi-alpha", default="auto",
+                        help="number >= 0, or auto (bootstrap tuning; default)")
+    parser.add_argument("--marconi-bootstrap-multiplier", type=float, default=5.0)
+    parser.add_argument("--marconi-max-states-per-request", type=int, default=-1,
+                        help="states a request may leave in the tree (2: the paper's "
+                             "admission; -1: no cap, the default)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _caches(text: str) -> tuple:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    bad = [n for n in names if n not in CACHE_NAMES]
+    if bad or not names:
+        raise UserError(f"--caches: unknown {', '.join(bad) or 'empty list'}; "
+                        f"known: {', '.join(CACHE_NAMES)}")
+    return names
+
+
+def _settings(args):
+    from sglang_marconi.sglang_integration.options import MarconiSettings, parse_alpha
+
+    try:
+        return MarconiSettings(alpha=parse_alpha(args.marconi_alpha),
+                               bootstrap_multiplier=args.marconi_bootstrap_multiplier,
+                               max_states_per_request=args.marconi_max_states_per_request)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
+def _check_pools(args, requests) -> int:
+    """The longest request must fit the pools; returns the max context length to size."""
+    longest = max(len(r.input_ids) + max(1, r.output_len) for r in requests)
+    need = longest + 2 * args.page_size
+    if args.kv_tokens < need:
+        raise UserError(f"--kv-tokens {args.kv_tokens} cannot hold the longest request of "
+                        f"the trace ({longest} tokens); use at least {need}")
+    if args.mamba_track_interval % args.page_size or args.chunked_prefill_size % args.page_size:
+        raise UserError("--mamba-track-interval and --chunked-prefill-size must be multiples "
+                        f"of --page-size {args.page_size}")
+    if args.mamba_slots < 4:
+        raise UserError("--mamba-slots must be at least 4 (a running request holds 3)")
+    return need
+
+
+def format_table(results: dict) -> str:
+    names = list(results["caches"])
+    cols = [results["caches"][n] for n in names]
+    width = max(len(r[0]) for r in ROWS) + 2
+    colw = max(14, *(len(n) + 2 for n in names))
+    lines = ["".ljust(width) + "".join(n.rjust(colw) for n in names)]
+    for label, key, fmt in ROWS:
+        lines.append(label.ljust(width) + "".join(fmt.format(c.get(key, 0)).rjust(colw)
+                                                  for c in cols))
+    for n, c in zip(names, cols):
+        m = c.get("marconi")
+        if m:
+            adm = ", ".join(f"{k}={v}" for k, v in m["states_admitted"].items())
+            ev = ", ".join(f"{k}={v}" for k, v in m["states_evicted"].items())
+            tuned = (f" (tuned in {m['tuning_seconds']:.1f} s, included in its bookkeeping)"
+                     if m["tuning_seconds"] else "" if m["alpha_tuned"] else " (not tuned yet)")
+            lines.append(f"{n}: alpha={m['alpha']:g}{tuned}; admitted "
+                         f"{adm}; rejected {m['states_rejected']}; evicted {ev}")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    with warnings.catch_warnings():
+        # sglang's imports warn about CUDA-only kernels on a CPU machine: not news here
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"sglang\.")
+        return _run(args)
+
+
+def _run(args) -> int:
+    try:
+        from sglang_marconi.sglang_integration.version import check_sglang_version
+
+        check_sglang_version()
+    except ImportError as exc:
+        raise UserError(str(exc)) from None
+    from sglang_marconi.model import resolve_model
+    from sglang_marconi.sglang_integration.ab import ABConfig, run_ab, to_replay_requests
+    from sglang_marconi.sglang_integration.pools import PoolConfig
+    from sglang_marconi.sim.traces import read_trace
+
+    caches = _caches(args.caches)
+    settings = _settings(args)
+    spec = resolve_model(args.model, args.config)
+    if not spec.is_hybrid:
+        raise UserError(f"model {spec.name} has no SSM layers: Marconi needs a hybrid model")
+    requests = to_replay_requests(read_trace(args.trace), args.limit)
+    max_len = _check_pools(args, requests)
+    pools = PoolConfig(kv_tokens=args.kv_tokens, mamba_slots=args.mamba_slots,
+                       page_size=args.page_size, max_context_len=max_len,
+                       chunked_prefill_size=args.chunked_prefill_size,
+                       mamba_track_interval=args.mamba_track_interval)
+    cfg = ABConfig(pools=pools, spec=spec, settings=settings, caches=caches)
+    results = run_ab(requests, cfg, show_progress=not args.no_progress)
+    results["config"] = {"trace": str(args.trace), "model": spec.name,
+                         "requests": len(requests), "kv_tokens": args.kv_tokens,
+                         "mamba_slots": args.mamba_slots, "page_size": args.page_size,
+                         "chunked_prefill_size": args.chunked_prefill_size,
+                         "mamba_track_interval": args.mamba_track_interval,
+                         "marconi_alpha": settings.alpha,
+                         "marconi_max_states_per_request": settings.max_states_per_request}
+    if args.json:
+        json.dump(results, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(f"A/B on {args.trace}: {len(requests)} requests, model {spec.name}, "
+              f"{args.kv_tokens:,} KV token slots, {args.mamba_slots} state slots, "
+              f"page {args.page_size}")
+        print(format_table(results))
+    return 0

@@ -1,0 +1,83 @@
+"""SGLang's cache invariants, checked on a python-core tree (used by the tests).
+
+- evictable + protected = what the tree holds, for KV tokens and for SSM states;
+- with no request running: nothing is protected, every lock count is zero, and every slot
+  is either free in its allocator or held by the tree (no leak);
+- ``guard_locked_evictions`` makes evicting data that a lock protects fail loudly.
+"""
+from __future__ import annotations
+
+from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+
+FULL, MAMBA = ComponentType.FULL, ComponentType.MAMBA
+
+
+def walk(cache):
+    """All nodes of the tree but the root."""
+    root = cache.tree_core.root_node
+    stack = list(root.children.values())
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(node.children.values())
+
+
+def tree_holdings(cache) -> dict:
+    kv = states = kv_locked = states_locked = 0
+    locks = []
+    for node in walk(cache):
+        full, mamba = node.component_data[FULL], node.component_data[MAMBA]
+        if full.value is not None:
+            kv += len(full.value)
+            kv_locked += len(full.value) if full.lock_ref > 0 else 0
+        if mamba.value is not None:
+            states += 1
+            states_locked += 1 if mamba.lock_ref > 0 else 0
+        if full.lock_ref or mamba.lock_ref:
+            locks.append((node.id, full.lock_ref, mamba.lock_ref))
+    return {"kv": kv, "states": states, "kv_locked": kv_locked,
+            "states_locked": states_locked, "locks": locks}
+
+
+def check_sizes(cache) -> dict:
+    """evictable + protected = held, per pool. Returns the holdings."""
+    h = tree_holdings(cache)
+    kv_ev, kv_pr = cache.full_evictable_size(), cache.full_protected_size()
+    st_ev, st_pr = cache.mamba_evictable_size(), cache.mamba_protected_size()
+    assert kv_ev + kv_pr == h["kv"], f"KV: evictable {kv_ev} + protected {kv_pr} != {h['kv']}"
+    assert kv_pr == h["kv_locked"], f"KV protected {kv_pr} != locked tokens {h['kv_locked']}"
+    assert st_ev + st_pr == h["states"], (
+        f"states: evictable {st_ev} + protected {st_pr} != {h['states']}")
+    assert st_pr == h["states_locked"], (
+        f"states protected {st_pr} != locked states {h['states_locked']}")
+    return h
+
+
+def check_idle(cache) -> dict:
+    """No request running: no locks, nothing protected, every slot accounted for."""
+    h = check_sizes(cache)
+    assert not h["locks"], f"locks left with no request running: {h['locks'][:5]}"
+    allocator = cache.token_to_kv_pool_allocator
+    free_kv = allocator.available_size()
+    assert free_kv + h["kv"] == allocator.size, (
+        f"KV slots leaked: free {free_kv} + tree {h['kv']} != {allocator.size}")
+    mamba = cache.req_to_token_pool.mamba_allocator
+    free_states = mamba.available_size()
+    assert free_states + h["states"] == mamba.size, (
+        f"state slots leaked: free {free_states} + tree {h['states']} != {mamba.size}")
+    assert cache.req_to_token_pool.available_size() == cache.req_to_token_pool.size, (
+        "request rows leaked")
+    return h
+
+
+def guard_locked_evictions(cache) -> None:
+    """Wrap every component's ``evict_component`` to assert the data is not locked."""
+    for ct, component in cache.components.items():
+        original = component.evict_component
+
+        def checked(node, *args, _orig=original, _ct=ct, **kwargs):
+            lock = node.component_data[_ct].lock_ref
+            assert lock == 0, f"evicting {_ct.name} data of node {node.id} with lock_ref {lock}"
+            return _orig(node, *args, **kwargs)
+
+        component.evict_component = checked

@@ -1,0 +1,79 @@
+"""The alpha tuner's replay for the SGLang cache: the recorded window through shadow
+``MarconiUnifiedRadixCache``s on CPU pools of the live pools' sizes.
+
+``policy.alpha.AlphaTuner`` decides when to tune and keeps the best alpha; it asks a
+``replay(window, alpha) -> FLOPs saved`` callable. The simulator's replay models one byte
+budget and Marconi's two-state admission; SGLang has two pools and, under
+``extra_buffer``, chunk-boundary states, and on long-prompt traces those differences pick
+the wrong alpha (the simulator settles at 0 on the Mooncake trace, where SGLang's own
+cache gains from alpha > 0). So the SGLang cache tunes on SGLang's own mechanics: the same
+``Replayer`` the CPU A/B uses, on pools built with the process's current SGLang config
+(chunk size, track interval, page) and tiny tensors. It runs in the scheduler process
+when the bootstrap window completes, once.
+"""
+from __future__ import annotations
+
+import functools
+import time
+from array import array
+
+# A coarse grid: each point is a full replay of the window through SGLang's cache code.
+TUNING_GRID = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)
+
+
+class ShadowReplay:
+    """``replay(window, alpha)`` over window items ``(input_ids array('q'), output_ids)``."""
+
+    def __init__(self, spec, settings, kv_tokens: int, state_slots: int, page_size: int,
+                 extra_buffer: bool):
+        self.spec = spec
+        self.settings = settings
+        self.kv_tokens = kv_tokens
+        self.state_slots = state_slots
+        self.page_size = page_size
+        self.extra_buffer = extra_buffer
+        self.seconds = 0.0
+
+    def _chunk_size(self) -> int:
+        from sglang.srt.runtime_context import get_schedule
+
+        chunk = getattr(get_schedule(), "chunked_prefill_size", None)
+        return chunk if chunk and chunk > 0 else 1 << 30
+
+    def __call__(self, window, alpha: float) -> float:
+        import dataclasses
+
+        import torch
+
+        from sglang_marconi.sglang_integration.cache import MarconiUnifiedRadixCache
+        from sglang_marconi.sglang_integration.pools import PoolConfig, build_cache
+        from sglang_marconi.sglang_integration.replay import Replayer, ReplayRequest
+
+        t0 = time.perf_counter()
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            longest = max(len(i) + len(o) for i, o in window)
+            pc = PoolConfig(kv_tokens=self.kv_tokens, mamba_slots=self.state_slots,
+                            page_size=self.page_size, max_context_len=longest + 2 * self.page_size,
+                            extra_buffer=self.extra_buffer)
+            settings = dataclasses.replace(self.settings, alpha=float(alpha))
+            cls = functools.partial(MarconiUnifiedRadixCache, settings=settings, spec=self.spec)
+            cache = build_cache(pc, cache_class=cls, tree_core="python", keep_global_args=True)[0]
+            replayer = Replayer(cache, chunked_prefill_size=self._chunk_size())
+            saved = 0.0
+            for n, (input_ids, output_ids) in enumerate(window):
+                if len(input_ids) + len(output_ids) + 2 * self.page_size > self.kv_tokens:
+                    continue  # cannot fit the shadow pool (nor did it fit the live one)
+                out = replayer.run(ReplayRequest(f"shadow-{n}", input_ids, output_ids))
+                saved += self.spec.flops_saved(out.hit_len, 0)
+            return saved
+        finally:
+            torch.set_num_threads(threads)
+            self.seconds += time.perf_counter() - t0
+
+
+def window_item(req) -> tuple:
+    """What the tuner records of a finished request."""
+    ids = req.origin_input_ids
+    return (ids if isinstance(ids, array) else array("q", ids), list(req.output_ids))

@@ -1,0 +1,84 @@
+"""The CPU A/B (``sglang-marconi ab``) on the shared Mooncake trace: it runs, both caches
+report, and the numbers are consistent with each other (not that Marconi wins)."""
+import argparse
+import io
+import json
+from contextlib import redirect_stdout
+
+import pytest
+
+pytest.importorskip("sglang")
+
+from sglang_marconi.errors import UserError  # noqa: E402
+from sglang_marconi.model import HybridModelSpec  # noqa: E402
+
+LIMIT = 80
+KV_TOKENS, SLOTS = 400_000, 24
+
+
+def _run_cli(*argv):
+    from sglang_marconi.sglang_integration import ab_cli
+
+    parser = argparse.ArgumentParser()
+    ab_cli.add_arguments(parser)
+    args = parser.parse_args(list(argv))
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert ab_cli.run(args) == 0
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def ab_result(mooncake_path):  # conftest: ../shared/traces/mooncake (skips if absent)
+    text = _run_cli("--trace", str(mooncake_path), "--model", "qwen3_next",
+                    "--kv-tokens", str(KV_TOKENS), "--mamba-slots", str(SLOTS),
+                    "--limit", str(LIMIT), "--json", "--no-progress", "--marconi-alpha", "1.0")
+    return json.loads(text)
+
+
+def test_ab_reports_every_cache(ab_result):
+    caches = ab_result["caches"]
+    assert set(caches) == {"stock", "stock-python", "marconi"}
+    for c in caches.values():
+        assert 0.0 <= c["token_hit_rate"] <= 1.0
+        assert c["flops_saved"] >= 0.0
+        assert c["requests"] == LIMIT
+
+
+def test_ab_numbers_are_consistent(ab_result):
+    spec = HybridModelSpec.from_preset("qwen3_next")
+    caches = ab_result["caches"]
+    inputs = {c["input_tokens"] for c in caches.values()}
+    assert len(inputs) == 1  # the same requests went to every cache
+    for c in caches.values():
+        assert c["hit_tokens"] == pytest.approx(c["token_hit_rate"] * c["input_tokens"])
+        # FLOPs saved are the cost model's prefill FLOPs of the hits: bounded by a single
+        # hit of all hit tokens and by prefilling everything
+        assert c["flops_saved"] <= spec.prefill_flops(c["hit_tokens"]) * (1 + 1e-9)
+        assert 0 <= c["flops_saved_fraction"] <= 1
+        assert 0 <= c["states_in_tree"] <= SLOTS
+        assert c["states_admitted"] >= c["states_evicted"]
+        assert c["peak_kv_slots_used"] <= KV_TOKENS
+        assert c["peak_state_slots_used"] <= SLOTS
+    # the compiled and the python tree cores are the same policy
+    for key in ("hit_tokens", "flops_saved", "states_admitted", "states_evicted"):
+        assert caches["stock"][key] == caches["stock-python"][key]
+    m = caches["marconi"]["marconi"]  # the cache's own counters agree with the A/B's
+    assert m["hit_tokens"] == caches["marconi"]["hit_tokens"]
+    assert m["flops_saved"] == pytest.approx(caches["marconi"]["flops_saved"])
+    assert sum(m["states_admitted"].values()) == caches["marconi"]["states_admitted"]
+    assert m["alpha"] == 1.0
+
+
+def test_ab_table_and_bad_input(mooncake_path):
+    trace = str(mooncake_path)
+    text = _run_cli("--trace", trace, "--model", "qwen3_next", "--kv-tokens", "300000",
+                    "--mamba-slots", "16", "--limit", "10", "--caches", "stock,marconi",
+                    "--no-progress")
+    assert "token hit rate" in text and "FLOPs saved" in text and "marconi" in text
+    with pytest.raises(UserError, match="longest request"):
+        _run_cli("--trace", trace, "--model", "qwen3_next", "--kv-tokens", "1000",
+                 "--mamba-slots", "16", "--limit", "3")
+    with pytest.raises(UserError, match="unknown"):
+        _run_cli("--trace", trace, "--model", "qwen3_next", "--kv-tokens", "300000",
+                 "--mamba-slots", "16", "--limit", "3", "--caches", "stock,vllm")

@@ -1,0 +1,135 @@
+"""The SGLang plugin: version pin, registration in a freshly spawned process (as SGLang's
+scheduler processes are), the server flags and their start-up errors."""
+import multiprocessing
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+
+pytest.importorskip("sglang")
+
+from sglang_marconi.sglang_integration.options import (  # noqa: E402
+    ENV_ALPHA,
+    ENV_MAX_STATES,
+    MarconiSettings,
+    parse_alpha,
+)
+from sglang_marconi.sglang_integration.version import (  # noqa: E402
+    SUPPORTED_SGLANG_VERSION,
+    SGLangVersionError,
+    check_sglang_version,
+)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(autouse=True)
+def _restore_marconi_env():
+    """Parsing --cache-policy marconi exports SGLANG_MARCONI_* into os.environ."""
+    saved = {k: v for k, v in os.environ.items() if k.startswith("SGLANG_MARCONI_")}
+    yield
+    for k in [k for k in os.environ if k.startswith("SGLANG_MARCONI_")]:
+        del os.environ[k]
+    os.environ.update(saved)
+
+
+def test_version_pin():
+    assert check_sglang_version() == SUPPORTED_SGLANG_VERSION == "0.5.23"
+    with pytest.raises(SGLangVersionError) as err:
+        check_sglang_version("0.5.22")
+    message = str(err.value)
+    assert "\n" not in message and "0.5.23" in message and "0.5.22" in message
+
+
+def _child_probe(queue):
+    """Runs in a spawned interpreter: what SGLang's own plugin loader makes of us."""
+    os.environ.pop(ENV_ALPHA, None)
+    from sglang.srt.mem_cache.registry import registered_radix_cache_backends
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import prepare_server_args
+
+    load_plugins()
+    args = prepare_server_args(["--model-path", "dummy", "--cache-policy", "marconi",
+                                "--marconi-alpha", "0.25",
+                                "--marconi-max-states-per-request", "3"])
+    queue.put((registered_radix_cache_backends(), args.radix_cache_backend,
+               os.environ.get(ENV_ALPHA), os.environ.get(ENV_MAX_STATES)))
+
+
+def test_plugin_loads_in_a_spawned_process():
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_child_probe, args=(queue,))
+    proc.start()
+    try:
+        backends, backend, alpha, max_states = queue.get(timeout=240)
+    finally:
+        proc.join(timeout=60)
+    assert "marconi" in backends
+    assert backend == "marconi"
+    assert (alpha, max_states) == ("0.25", "3")
+
+
+@pytest.fixture(scope="module")
+def parse():
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import prepare_server_args
+
+    load_plugins()
+
+    def run(*flags):
+        return prepare_server_args(["--model-path", "dummy", *flags])
+
+    return run
+
+
+def test_cache_policy_flag_selects_the_backend(parse, monkeypatch):
+    monkeypatch.delenv(ENV_ALPHA, raising=False)
+    assert parse().radix_cache_backend is None
+    assert parse("--cache-policy", "lru").radix_cache_backend is None
+    args = parse("--cache-policy", "marconi", "--marconi-alpha", "auto",
+                 "--marconi-bootstrap-multiplier", "15")
+    assert args.radix_cache_backend == "marconi"
+    settings = MarconiSettings.from_env()
+    assert settings.alpha == "auto" and settings.bootstrap_multiplier == 15.0
+
+
+@pytest.mark.parametrize("flags,fragment", [
+    (("--cache-policy", "marconi", "--disable-radix-cache"), "--disable-radix-cache"),
+    (("--cache-policy", "marconi", "--radix-eviction-policy", "lfu"), "eviction"),
+    (("--cache-policy", "marconi", "--enable-hierarchical-cache"), "hierarchical"),
+    (("--cache-policy", "marconi", "--radix-cache-backend", "flexkv"), "flexkv"),
+    (("--marconi-alpha", "0.5"), "only apply with --cache-policy marconi"),
+    (("--cache-policy", "marconi", "--marconi-max-states-per-request", "0"), "positive"),
+])
+def test_conflicting_flags_fail_at_start_up(parse, flags, fragment):
+    with pytest.raises(SystemExit) as err:
+        parse(*flags)
+    assert fragment in str(err.value)
+
+
+def test_bad_alpha_is_rejected(parse):
+    with pytest.raises(SystemExit):
+        parse("--cache-policy", "marconi", "--marconi-alpha", "-1")
+    assert parse_alpha("AUTO") == "auto" and parse_alpha("0.3") == 0.3
+
+
+def test_non_hybrid_model_fails_at_start_up():
+    from sglang_marconi.sglang_integration.backend import marconi_cache_factory
+
+    hf = types.SimpleNamespace(architectures=["LlamaForCausalLM"])
+    ctx = types.SimpleNamespace(is_hybrid_ssm=False, is_hybrid_swa=False,
+                                model_config=types.SimpleNamespace(hf_config=hf))
+    with pytest.raises(ValueError, match="LlamaForCausalLM.*hybrid|hybrid.*LlamaForCausalLM"):
+        marconi_cache_factory(ctx)
+
+
+def test_launch_server_module_knows_the_flags():
+    out = subprocess.run([sys.executable, "-m", "sglang_marconi.launch_server", "--help"],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for flag in ("--cache-policy", "--marconi-alpha", "--marconi-bootstrap-multiplier",
+                 "--marconi-max-states-per-request"):
+        assert flag in out.stdout
