@@ -33,7 +33,7 @@ def run(args) -> int:
         raise UserError(f"demo trace not found: {args.trace} (the repository expects the "
                         "shared traces beside it; pass --trace PATH)")
     if not args.json:
-        print(f"A/B on {args.trace}\n  model cost model: {args.model or args.config}, "
-              f"KV pool {args.kv_tokens:,} tokens, {args.mamba_slots} SSM-state slots, "
-              f"page size {args.page_size}\n")
+        print("sglang-marconi demo: stock SGLang 0.5.23 hybrid radix cache (compiled and python "
+              "tree cores) vs MarconiUnifiedRadixCache,\ndriven on CPU with the scheduler's call "
+              "sequence (python -m sglang_marconi ab --help for the knobs)\n")
     return ab_cli.run(args)
