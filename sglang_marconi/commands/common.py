@@ -52,6 +52,17 @@ def model_from_args(args, default_preset: str | None = None):
     return resolve_model(preset=preset, config=args.config, dtype=args.dtype)
 
 
+def parse_params(items) -> dict:
+    """``--param KEY=VALUE`` items -> {KEY: VALUE}."""
+    overrides = {}
+    for item in items:
+        if "=" not in item:
+            raise UserError(f"--param {item!r}: expected KEY=VALUE")
+        k, v = item.split("=", 1)
+        overrides[k] = v
+    return overrides
+
+
 def print_json(obj) -> None:
     json.dump(obj, sys.stdout, indent=2, default=float)
     sys.stdout.write("\n")

@@ -1,7 +1,7 @@
 """``gen-trace``: write a seeded synthetic workload as a session JSONL trace."""
 from __future__ import annotations
 
-from sglang_marconi.commands.common import print_json
+from sglang_marconi.commands.common import parse_params, print_json
 from sglang_marconi.errors import UserError
 
 
@@ -31,13 +31,7 @@ def run(args) -> int:
         return 0
     if not args.workload or not args.out:
         raise UserError("give --workload NAME and --out PATH (or --list)")
-    overrides = {}
-    for item in args.param:
-        if "=" not in item:
-            raise UserError(f"--param {item!r}: expected KEY=VALUE")
-        k, v = item.split("=", 1)
-        overrides[k] = v
-    trace = generate(args.workload, seed=args.seed, **overrides)
+    trace = generate(args.workload, seed=args.seed, **parse_params(args.param))
     write_sessions(trace, args.out)
     summary = {"workload": args.workload, "seed": args.seed, "requests": len(trace),
                "input_tokens": trace.input_tokens, "out": args.out}

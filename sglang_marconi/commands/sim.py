@@ -4,7 +4,8 @@ from __future__ import annotations
 import sys
 
 from sglang_marconi.commands.common import (add_model_arguments, human_bytes, human_flops,
-                                            model_from_args, parse_bytes, print_json)
+                                            model_from_args, parse_bytes, parse_params,
+                                            print_json)
 from sglang_marconi.errors import UserError
 
 
@@ -46,13 +47,7 @@ def load_trace(args):
             raise UserError("--param applies to --workload only")
         trace = read_trace(args.trace)
     else:
-        overrides = {}
-        for item in args.param:
-            if "=" not in item:
-                raise UserError(f"--param {item!r}: expected KEY=VALUE")
-            k, v = item.split("=", 1)
-            overrides[k] = v
-        trace = generate(args.workload, seed=args.seed, **overrides)
+        trace = generate(args.workload, seed=args.seed, **parse_params(args.param))
     if args.limit is not None:
         if args.limit <= 0:
             raise UserError("--limit must be positive")
