@@ -191,3 +191,41 @@ def test_metrics_are_logged_and_exported(caplog):
     hit = [line for line in text.splitlines()
            if line.startswith("sglang:marconi_hit_tokens_total{") and labels in line]
     assert float(hit[0].split()[-1]) >= cache.marconi.stats.hit_tokens > 0
+
+
+# one prefill chunk, no decode snapshot, a one-token checkpoint grid: one state per request
+ONE_STATE = PoolConfig(kv_tokens=4096, mamba_slots=5, page_size=1, max_context_len=1024,
+                       chunked_prefill_size=1 << 20, mamba_track_interval=1 << 20,
+                       mamba_cache_chunk_size=1)
+
+
+@pytest.mark.parametrize("max_states,stock", [(2, False), (-1, False), (-1, True)])
+def test_a_kv_only_leaf_is_not_a_branch_point(max_states, stock):
+    """A chat session whose states were evicted leaves its KV behind (a KV-only leaf).
+    SGLang reports a branch where the next turn's KV match ends, at that leaf's end, and
+    the turn's one state goes there. With a state cap (Marconi admission) the turn extends
+    the leaf, as speculative insertion sees it, and keeps its state at its own end; without
+    a cap the cache keeps stock SGLang's placement."""
+    pc = ONE_STATE
+    cache = (build_cache(pc, tree_core="python")[0] if stock
+             else marconi_cache(pc, alpha=0.0, max_states=max_states))
+    replayer = Replayer(cache, chunked_prefill_size=pc.chunked_prefill_size)
+    fresh = iter(range(10**6, 2 * 10**6))
+
+    def take(n):
+        return [next(fresh) for _ in range(n)]
+
+    turn = take(20)
+    hits = []
+    for i in range(5):
+        out = take(5)
+        hits.append(replayer.run(ReplayRequest(f"s{i}", array("q", turn), out)).hit_len)
+        if i == 1:  # three other requests: the pool (2 states besides a running request)
+            for j in range(3):  # evicts the session's states, its KV stays
+                replayer.run(ReplayRequest(f"o{j}", array("q", take(30)), [1, 2]))
+        if i < 4:
+            turn = turn + out + take(15)
+        check_idle(cache)
+    # turn 2 finds its session's states evicted and [0, 20) as KV only; it keeps its one
+    # state at its end (60) with a cap, at 20 without, which is all turn 3 can then hit
+    assert hits == ([0, 20, 0, 60, 80] if max_states > 0 else [0, 20, 0, 20, 80])

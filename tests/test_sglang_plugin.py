@@ -131,5 +131,6 @@ def test_launch_server_module_knows_the_flags():
                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     for flag in ("--cache-policy", "--marconi-alpha", "--marconi-bootstrap-multiplier",
-                 "--marconi-max-states-per-request"):
+                 "--marconi-max-states-per-request", "--marconi-online-alphas",
+                 "--marconi-online-window", "--marconi-online-sample"):
         assert flag in out.stdout

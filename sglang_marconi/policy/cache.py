@@ -84,6 +84,30 @@ class PrefixCache:
     ``GhostIndex`` of that many tokens finds branch points past evictions) and
     ``end_threshold`` (end-of-request states admitted only while their measured reuse rate
     is at least this; needs the ghost index).
+
+    Knobs that mirror SGLang's cache (``tests/test_parity.py``; defaults = the paper):
+
+    - ``branch_rule``: ``"split"`` (default) is the paper's speculative insertion: a branch
+      where the input would split an edge, or leave the tree at a node with children and no
+      state. ``"kv"`` is SGLang's rule (``MambaComponent.finalize_match_result_in_tree_core``):
+      the branch is where the longest KV match of ``input[:-1]`` ends, whenever that lies
+      beyond the hit; it also fires when the whole input lies on a cached path (a repeated
+      prompt, or a prompt that is a prefix of a cached sequence), where ``"split"`` does not.
+      ``"none"``: no branch states (SGLang without the extra buffer, ``no_buffer``).
+    - ``evict_at``: ``"finish"`` (default) makes room when a request's states are inserted.
+      ``"begin"`` is SGLang's timing: a finishing request's states and KV enter the tree
+      without eviction (they were already allocated to the running request), and the next
+      request, after its match, evicts until the tree fits ``capacity_bytes`` again, with
+      only its hit node locked (SGLang's MAMBA lock covers the matched state alone, so the
+      states of its ancestors stay evictable). Size ``capacity_bytes`` as the pool minus what
+      a running request holds (SGLang: 3 state slots with the extra buffer, 1 without).
+    - ``insert_clock_offset``: the recency stamp of what ``finish`` inserts, relative to the
+      request's tick (0, the default: the same tick as its hit, the tie then broken by when
+      each node last entered the victim queue). SGLang's cache stamps inserts half a tick
+      after the hit (0.5), so a new state sorts after the hit it extends, as in its LRU list.
+    - ``renormalise``: refresh the victim queue's min-max bounds before every eviction (the
+      paper's rule, and what SGLang's eviction walk does over its candidates) instead of
+      between amortised refreshes; O(candidates) per eviction.
     """
 
     def __init__(self, spec, capacity_bytes: int | None = None, alpha=0.0,
@@ -92,9 +116,19 @@ class PrefixCache:
                  alpha_grid=DEFAULT_GRID, cache_output: bool = True,
                  record_hits: bool = False, reuse_weight: ReuseWeight | None = None,
                  ghost_tokens: int | None = None, end_threshold: float | None = None,
-                 online: dict | None = None, victim_chooser=None, end_admission=None):
+                 online: dict | None = None, victim_chooser=None, end_admission=None,
+                 branch_rule: str = "split", evict_at: str = "finish",
+                 renormalise: bool = False, insert_clock_offset: float = 0.0):
         if admission not in ("marconi", "block"):
             raise ValueError(f"unknown admission {admission!r}")
+        if branch_rule not in ("split", "kv", "none"):
+            raise ValueError(f"unknown branch rule {branch_rule!r}")
+        if evict_at not in ("finish", "begin"):
+            raise ValueError(f"unknown eviction timing {evict_at!r}")
+        self.branch_rule = branch_rule
+        self.evict_at = evict_at
+        self.renormalise = renormalise
+        self.insert_clock_offset = insert_clock_offset
         self.spec = spec
         self.capacity = capacity_bytes
         self.admission = admission
@@ -125,7 +159,10 @@ class PrefixCache:
         self._config = dict(capacity_bytes=capacity_bytes, admission=admission, grid=grid,
                             block=block, max_states_per_request=max_states_per_request,
                             cache_output=cache_output, reuse_weight=reuse_weight,
-                            ghost_tokens=ghost_tokens, end_threshold=end_threshold)
+                            ghost_tokens=ghost_tokens, end_threshold=end_threshold,
+                            branch_rule=branch_rule, evict_at=evict_at,
+                            renormalise=renormalise,
+                            insert_clock_offset=insert_clock_offset)
         self.tuner = (AlphaTuner(self._replay_alpha, alpha_grid, bootstrap_multiplier)
                       if self.auto_alpha else None)
         self.online = (OnlineAlpha(self._make_shadow, **(online or {}))
@@ -177,6 +214,13 @@ class PrefixCache:
         if self.record_hits:
             st.per_request_hits.append(m.hit_len)
         branch_len = m.branch_len
+        if self.branch_rule == "kv":
+            kv = self.tree.match(tokens[:max(0, n - 1)]).kv_len
+            branch_len = kv if kv > m.hit_len else 0
+        elif self.branch_rule == "none":
+            branch_len = 0
+        if self.evict_at == "begin":
+            self._evict_to_capacity(m.hit_node)
         if self.ghost is not None:
             ghost_branch, ghost_end = self.ghost.lookup(tokens, max(0, n - 1))
             branch_len = max(branch_len, ghost_branch)
@@ -221,8 +265,9 @@ class PrefixCache:
         out: dict = {}
         for i, positions in enumerate(attempts):
             seq = full[:positions[-1]]
-            if self._make_room(seq, positions):
-                out, new = self.tree.insert(seq, positions, plan.index)
+            if self.evict_at == "begin" or self._make_room(seq, positions):
+                out, new = self.tree.insert(seq, positions,
+                                            plan.index + self.insert_clock_offset)
                 self.stats.states_admitted += new
                 if i > 0:
                     self.stats.admissions_truncated += 1
@@ -273,8 +318,26 @@ class PrefixCache:
         finally:
             tree.unlock(guard)
 
+    def _evict_to_capacity(self, keep) -> None:
+        """``evict_at="begin"``: evict until the tree fits, ``keep`` (the hit) locked alone."""
+        tree = self.tree
+        if self.capacity is None or tree.bytes_used <= self.capacity:
+            return
+        if keep is not None:
+            keep.lock_ref += 1
+            tree.queue.discard(keep)
+        try:
+            while tree.bytes_used > self.capacity and self._evict_one():
+                pass
+        finally:
+            if keep is not None:
+                keep.lock_ref -= 1
+                tree.refresh(keep)
+
     def _evict_one(self) -> bool:
         kv_before = self.tree.num_kv_tokens
+        if self.renormalise and self.tree.queue.alpha:
+            self.tree.queue.refresh()
         if self.victim_chooser is not None:
             node = self.victim_chooser(self) if len(self.tree.queue) else None
             res = self.tree.evict_node(node) if node is not None else None

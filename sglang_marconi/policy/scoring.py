@@ -14,9 +14,9 @@ refreshes: with frozen bounds every key is a fixed linear function of (recency, 
 so a binary heap orders the candidates exactly. A candidate whose inputs change (accessed,
 split, merged, gained or lost a checkpointed ancestor, locked) is re-pushed with a new
 version and its old heap entry is skipped when popped (lazy invalidation). The bounds are
-refreshed, and the heap rebuilt in O(n), once the number of pushes since the last rebuild
-exceeds the number of live candidates (at least ``MIN_REFRESH``), so the rebuild is paid for
-by the pushes it follows: one eviction costs amortised O(log n). Between refreshes the
+refreshed, and the heap rebuilt in O(n), before the first victim is chosen and then once the
+number of pushes since the last rebuild exceeds the number of live candidates, so the rebuild
+is paid for by the pushes it follows: one eviction costs amortised O(log n). Between refreshes the
 ordering equals the paper's for the bounds of the last refresh; recency keys of nodes touched
 after it may exceed 1, which keeps them correctly the most recent.
 
@@ -30,9 +30,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-
-MIN_REFRESH = 64
-
 
 def flop_efficiency(spec, prefix_len: int, ancestor_prefix_len: int, freed_bytes: float,
                     has_state: bool = True) -> float:
@@ -67,6 +64,7 @@ class VictimQueue:
         self._seq = itertools.count()  # insertion order: LRU tie-break
         self._pushes = 0
         self._bounds = (0.0, 1.0, 0.0, 1.0)  # r_lo, r_span, e_lo, e_span
+        self._normalised = False  # bounds not yet computed from candidates
         self.rebuilds = 0
 
     def __len__(self) -> int:
@@ -119,6 +117,7 @@ class VictimQueue:
             es = [v[2] for v in live.values()]
             r_lo, e_lo = min(rs), min(es)
             self._bounds = (r_lo, (max(rs) - r_lo) or 1.0, e_lo, (max(es) - e_lo) or 1.0)
+            self._normalised = True
         self._heap = [(self._key(r, e, b), seq, ver, node)
                       for node, (ver, r, e, seq, b) in live.items()]
         heapq.heapify(self._heap)
@@ -126,7 +125,11 @@ class VictimQueue:
         self.rebuilds += 1
 
     def _maybe_rebuild(self) -> None:
-        if self.mode == "marconi" and self.alpha != 0.0 and self._pushes > max(MIN_REFRESH, len(self._live)):
+        # Rebuild once more keys were pushed since the last rebuild than there are live
+        # candidates (so its O(n) is paid for by those pushes), and before the first victim
+        # is chosen (the initial bounds are placeholders).
+        if (self.mode == "marconi" and self.alpha != 0.0
+                and (self._pushes > len(self._live) or not self._normalised)):
             self._rebuild()
 
     def peek_victim(self):

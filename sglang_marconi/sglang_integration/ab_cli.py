@@ -54,7 +54,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--caches", default=",".join(CACHE_NAMES),
                         help=f"comma-separated subset of {', '.join(CACHE_NAMES)}")
     parser.add_argument("--marconi-alpha", default="auto",
-                        help="number >= 0, or auto (bootstrap tuning; default)")
+                        help="number >= 0, auto (bootstrap tuning; default) or online "
+                             "(shadow caches follow the traffic)")
+    parser.add_argument("--marconi-online-alphas", default="0,0.5,1,2",
+                        help="with --marconi-alpha online: the shadows' alphas")
+    parser.add_argument("--marconi-online-window", type=_positive, default=200,
+                        help="with --marconi-alpha online: the sliding window (requests)")
+    parser.add_argument("--marconi-online-sample", type=float, default=1.0,
+                        help="with --marconi-alpha online: fraction of prefix families the "
+                             "shadows see")
     parser.add_argument("--marconi-bootstrap-multiplier", type=float, default=5.0)
     parser.add_argument("--marconi-max-states-per-request", type=int, default=-1,
                         help="states a request may leave in the tree (2: the paper's "
@@ -73,12 +81,19 @@ def _caches(text: str) -> tuple:
 
 
 def _settings(args):
-    from sglang_marconi.sglang_integration.options import MarconiSettings, parse_alpha
+    from sglang_marconi.sglang_integration.options import (
+        MarconiSettings,
+        parse_alpha,
+        parse_alphas,
+    )
 
     try:
         return MarconiSettings(alpha=parse_alpha(args.marconi_alpha),
                                bootstrap_multiplier=args.marconi_bootstrap_multiplier,
-                               max_states_per_request=args.marconi_max_states_per_request)
+                               max_states_per_request=args.marconi_max_states_per_request,
+                               online_alphas=parse_alphas(args.marconi_online_alphas),
+                               online_window=args.marconi_online_window,
+                               online_sample=args.marconi_online_sample)
     except ValueError as exc:
         raise UserError(str(exc)) from None
 
@@ -114,6 +129,11 @@ def format_table(results: dict) -> str:
             ev = ", ".join(f"{k}={v}" for k, v in m["states_evicted"].items())
             tuned = (f" (tuned in {m['tuning_seconds']:.1f} s, included in its bookkeeping)"
                      if m["tuning_seconds"] else "" if m["alpha_tuned"] else " (not tuned yet)")
+            online = m.get("online")
+            if online:
+                tuned = (f" (online, now; {online['switches']} switches; shadows: "
+                         f"{online['time_ratio']:.2f}x the cache's bookkeeping time, "
+                         f"{online['memory_ratio']:.2f}x its token ids)")
             lines.append(f"{n}: alpha={m['alpha']:g}{tuned}; admitted "
                          f"{adm}; rejected {m['states_rejected']}; evicted {ev}")
     return "\n".join(lines)
@@ -157,6 +177,10 @@ def _run(args) -> int:
                          "chunked_prefill_size": args.chunked_prefill_size,
                          "mamba_track_interval": args.mamba_track_interval,
                          "marconi_alpha": settings.alpha,
+                         **({"marconi_online_alphas": list(settings.online_alphas),
+                             "marconi_online_window": settings.online_window,
+                             "marconi_online_sample": settings.online_sample}
+                            if settings.online_alpha else {}),
                          "marconi_max_states_per_request": settings.max_states_per_request}
     if args.json:
         json.dump(results, sys.stdout, indent=2)

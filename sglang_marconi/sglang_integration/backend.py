@@ -58,10 +58,17 @@ def marconi_cache_factory(ctx, settings: MarconiSettings | None = None):
 def native_cache_factory(ctx, memory):
     """Entry point for SGLang patched with ``patches/sglang-0.5.23-cache-policy.patch``:
     the settings come from its native ``--marconi-*`` fields (``memory`` namespace)."""
-    from sglang_marconi.sglang_integration.options import parse_alpha
+    from sglang_marconi.sglang_integration.options import parse_alpha, parse_alphas
 
+    default = MarconiSettings()
     settings = MarconiSettings(
         alpha=parse_alpha(memory.marconi_alpha),
         bootstrap_multiplier=float(memory.marconi_bootstrap_multiplier),
-        max_states_per_request=int(memory.marconi_max_states_per_request))
+        max_states_per_request=int(memory.marconi_max_states_per_request),
+        # absent from a build patched before --marconi-alpha online existed
+        online_alphas=parse_alphas(getattr(memory, "marconi_online_alphas",
+                                           default.online_alphas)),
+        online_window=int(getattr(memory, "marconi_online_window", default.online_window)),
+        online_sample=float(getattr(memory, "marconi_online_sample",
+                                    default.online_sample)))
     return marconi_cache_factory(ctx, settings)

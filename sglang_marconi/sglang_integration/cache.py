@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from typing import Optional
 
 from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
@@ -50,7 +51,9 @@ class MarconiUnifiedRadixCache(UnifiedRadixCache):
             kv_tokens=params.token_to_kv_pool_allocator.size,
             state_slots=params.req_to_token_pool.mamba_pool.size,
             page_size=params.page_size, extra_buffer=params.enable_mamba_extra_buffer)
+        self._busy = 0  # re-entrancy of the timed calls (a match may evict)
         super().__init__(params)
+        self.marconi.tree_tokens = lambda: self.full_evictable_size() + self.full_protected_size()
         self.marconi.exporter = make_exporter(self)
         if self.marconi.exporter is not None:
             self.marconi.exporter.set_alpha(self.marconi.alpha)
@@ -62,18 +65,52 @@ class MarconiUnifiedRadixCache(UnifiedRadixCache):
     def marconi_stats(self) -> MarconiStats:
         return self.marconi.stats
 
+    # -- bookkeeping time (the base the online shadows' time is measured against) ---------
+    def _timed(self, fn, *args, **kwargs):
+        if self._busy:
+            return fn(*args, **kwargs)
+        self._busy += 1
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self._busy -= 1
+            self.marconi.stats.bookkeeping_seconds += time.perf_counter() - t0
+
+    def checkpoint(self, *args, **kwargs):
+        return self._timed(super().checkpoint, *args, **kwargs)
+
+    def _match_tree(self, params):
+        if params.req is not None:
+            self.marconi.tick()  # before the walk: the hit's recency stamp reads the clock
+        return self._timed(super()._match_tree, params)
+
     def _finalize_match_result(self, params, result):
         result = super()._finalize_match_result(params, result)
+        if (result.mamba_branching_seqlen is not None and self.marconi.capped
+                and self._extends_kv_leaf(result)):
+            result = result._replace(mamba_branching_seqlen=None)
         if params.req is not None:
             self.marconi.on_match(params.req, result)
         return result
+
+    def _extends_kv_leaf(self, result) -> bool:
+        """The KV match ends exactly at the end of a childless node without a state (a
+        KV-only leaf that eviction left behind): the request extends it, nothing branches.
+        A partial edge match splits the node, so its end then has a child."""
+        node_id = result.last_visited_node_id
+        if node_id is None:
+            return False
+        node = self.tree_core.node_by_id(node_id)
+        return (node is not None and not node.children
+                and node.component_data[ComponentType.MAMBA].value is None)
 
     def on_release(self, req, *, checkpointed: bool) -> None:
         super().on_release(req, checkpointed=checkpointed)
         self.marconi.on_release(req, finished=checkpointed)
 
     def _evict(self, params, *args, **kwargs):
-        result = super()._evict(params, *args, **kwargs)
+        result = self._timed(super()._evict, params, *args, **kwargs)
         if result.num_tokens_evicted or result.mamba_num_evicted:
             self.marconi.on_eviction()
         return result

@@ -5,9 +5,14 @@ MAMBA (the state pool, one slot per SSM checkpoint): the stock walk takes the le
 recently used unlocked state; here every unlocked state is ranked by the shared
 ``VictimQueue`` (utility = norm(recency) + alpha * norm(FLOP efficiency)) and the lowest
 goes first. As in the stock walk, an evictable leaf is deleted (its KV with it) and any
-other node only loses its state (it stays as a KV-only tombstone). Recency is the time the
+other node only loses its state (it stays as a KV-only tombstone). Recency is when the
 state was last inserted or consumed by a hit, the same events that move it in SGLang's
-MAMBA LRU list, so alpha = 0 is exactly the stock order.
+MAMBA LRU list, so alpha = 0 is exactly the stock order. It is read on the cache's request
+clock (``MarconiPolicyState.clock``: one tick per request match), the simulator's clock,
+not on SGLang's node-event counter, which advances once per node on every matched path, so
+min-max normalised recency would depend on the tree's shape rather than on time. A hit is
+stamped with the clock, an insert half a tick later (after the latest match, before the
+next), so the order of stamps is the order of SGLang's MAMBA LRU list.
 
 FULL (the token pool): the stock walk pops evictable leaves oldest ``last_access_time``
 first; here the same leaves are ranked by the same utility with recency =
@@ -27,7 +32,6 @@ from sglang.srt.mem_cache.unified_cache.components.base import (
     ComponentType,
     EvictLayer,
     LRURefreshPhase,
-    get_and_increase_time_counter,
 )
 from sglang.srt.mem_cache.unified_cache.components.full import FullComponent
 from sglang.srt.mem_cache.unified_cache.components.mamba import MambaComponent
@@ -35,15 +39,16 @@ from sglang.srt.mem_cache.unified_cache.components.mamba import MambaComponent
 MAMBA = ComponentType.MAMBA
 FULL = ComponentType.FULL
 STAMP = "marconi_used"  # ComponentData.metadata key: when the state was last used
+INSERT_OFFSET = 0.5  # an insert is stamped after the latest match, before the next one
 
 
-def _stamp(node) -> None:
-    node.component_data[MAMBA].metadata[STAMP] = get_and_increase_time_counter()
+def _stamp(node, clock: int) -> None:
+    node.component_data[MAMBA].metadata[STAMP] = clock
 
 
 def state_recency(node) -> float:
-    cd = node.component_data[MAMBA]
-    return cd.metadata.get(STAMP, node.creation_time)
+    """The request clock when the state was last used (0: never stamped, the oldest)."""
+    return node.component_data[MAMBA].metadata.get(STAMP, 0)
 
 
 class PathLengths:
@@ -83,17 +88,22 @@ class MarconiMambaComponent(MambaComponent):
     def refresh_lru(self, phase, node, root_node) -> None:
         super().refresh_lru(phase, node, root_node)
         if phase == LRURefreshPhase.MATCH_END and node.component_data[MAMBA].value is not None:
-            _stamp(node)
+            _stamp(node, self.cache.marconi.clock)
 
     def commit_insert_component_data(self, node, is_new_leaf, params, result, cache_actions):
         super().commit_insert_component_data(node, is_new_leaf, params, result, cache_actions)
-        _stamp(node)
+        _stamp(node, self.cache.marconi.clock + INSERT_OFFSET)
 
     # -- admission ---------------------------------------------------------------------------
     def prepare_for_caching_req(self, req, insert_params, token_ids_len, is_finished):
         policy = self.cache.marconi
         if is_finished:
-            if not policy.admit_final(req):
+            if self.cache.enable_mamba_extra_buffer:
+                checkpoint = self._select_finished_checkpoint(req, token_ids_len)
+                position = checkpoint[0] if checkpoint is not None else 0
+            else:
+                position = token_ids_len
+            if not policy.admit_final(req, position):
                 return 0  # nothing is inserted; cleanup frees the request's slots
         else:
             position = (req.kv.mamba_last_track_seqlen if self.cache.enable_mamba_extra_buffer

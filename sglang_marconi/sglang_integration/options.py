@@ -19,6 +19,10 @@ POLICIES = ("lru", "marconi")
 ENV_ALPHA = "SGLANG_MARCONI_ALPHA"
 ENV_BOOTSTRAP = "SGLANG_MARCONI_BOOTSTRAP_MULTIPLIER"
 ENV_MAX_STATES = "SGLANG_MARCONI_MAX_STATES_PER_REQUEST"
+ENV_ONLINE_ALPHAS = "SGLANG_MARCONI_ONLINE_ALPHAS"
+ENV_ONLINE_WINDOW = "SGLANG_MARCONI_ONLINE_WINDOW"
+ENV_ONLINE_SAMPLE = "SGLANG_MARCONI_ONLINE_SAMPLE"
+ALPHA_MODES = ("auto", "online")
 
 # flags that the Marconi cache cannot honour (dest -> reason)
 _CONFLICTS = {
@@ -36,9 +40,14 @@ _CONFLICTS = {
 class MarconiSettings:
     """What the Marconi cache needs beyond SGLang's own arguments."""
 
-    alpha: Union[float, str] = "auto"  # a number >= 0, or "auto" (bootstrap tuning)
+    alpha: Union[float, str] = "auto"  # a number >= 0, "auto" (bootstrap) or "online"
     bootstrap_multiplier: float = 5.0  # k: tune after k x (requests until first eviction)
     max_states_per_request: int = -1   # states one request may leave in the tree; -1: no cap
+    # alpha = online: the shadow caches' alphas, the sliding window (requests) and the
+    # fraction of prefix families (by first token) the shadows see
+    online_alphas: tuple = (0.0, 0.5, 1.0, 2.0)
+    online_window: int = 200
+    online_sample: float = 1.0
 
     def __post_init__(self):
         parse_alpha(self.alpha)
@@ -48,15 +57,34 @@ class MarconiSettings:
         if self.max_states_per_request == 0 or self.max_states_per_request < -1:
             raise ValueError("--marconi-max-states-per-request must be a positive integer "
                              f"or -1 (no cap), got {self.max_states_per_request}")
+        object.__setattr__(self, "online_alphas", parse_alphas(self.online_alphas))
+        if not (isinstance(self.online_window, int) and self.online_window > 0):
+            raise ValueError("--marconi-online-window must be a positive integer, "
+                             f"got {self.online_window!r}")
+        if not 0 < self.online_sample <= 1:
+            raise ValueError("--marconi-online-sample must be in (0, 1], "
+                             f"got {self.online_sample}")
 
     @property
     def auto_alpha(self) -> bool:
         return self.alpha == "auto"
 
+    @property
+    def online_alpha(self) -> bool:
+        return self.alpha == "online"
+
+    @property
+    def online_period(self) -> int:
+        """Requests between two comparisons of the shadows: a quarter of the window."""
+        return max(1, self.online_window // 4)
+
     def to_env(self) -> dict:
         return {ENV_ALPHA: str(self.alpha),
                 ENV_BOOTSTRAP: repr(float(self.bootstrap_multiplier)),
-                ENV_MAX_STATES: str(int(self.max_states_per_request))}
+                ENV_MAX_STATES: str(int(self.max_states_per_request)),
+                ENV_ONLINE_ALPHAS: ",".join(repr(a) for a in self.online_alphas),
+                ENV_ONLINE_WINDOW: str(int(self.online_window)),
+                ENV_ONLINE_SAMPLE: repr(float(self.online_sample))}
 
     @classmethod
     def from_env(cls, environ=None) -> "MarconiSettings":
@@ -69,28 +97,54 @@ class MarconiSettings:
                                                    default.bootstrap_multiplier)),
                 max_states_per_request=int(env.get(ENV_MAX_STATES,
                                                    default.max_states_per_request)),
+                online_alphas=parse_alphas(env.get(ENV_ONLINE_ALPHAS,
+                                                   default.online_alphas)),
+                online_window=int(env.get(ENV_ONLINE_WINDOW, default.online_window)),
+                online_sample=float(env.get(ENV_ONLINE_SAMPLE, default.online_sample)),
             )
         except (TypeError, ValueError) as exc:
             raise ValueError(f"bad SGLANG_MARCONI_* setting: {exc}") from None
 
 
 def parse_alpha(text) -> Union[float, str]:
-    """``auto`` or a number >= 0 (argparse ``type``; raises ValueError otherwise)."""
-    if isinstance(text, str) and text.strip().lower() == "auto":
-        return "auto"
+    """``auto``, ``online`` or a number >= 0 (argparse ``type``; raises ValueError
+    otherwise)."""
+    if isinstance(text, str) and text.strip().lower() in ALPHA_MODES:
+        return text.strip().lower()
     try:
         value = float(text)
     except (TypeError, ValueError):
-        raise ValueError(f"--marconi-alpha must be a number >= 0 or 'auto', got {text!r}") \
-            from None
+        raise ValueError("--marconi-alpha must be a number >= 0, 'auto' or 'online', "
+                         f"got {text!r}") from None
     if not value >= 0:
         raise ValueError(f"--marconi-alpha must be >= 0, got {text!r}")
     return value
 
 
+def parse_alphas(text) -> tuple:
+    """``--marconi-online-alphas``: distinct numbers >= 0, comma-separated (or a sequence)."""
+    items = text.split(",") if isinstance(text, str) else list(text)
+    try:
+        values = tuple(float(x) for x in items if str(x).strip())
+    except (TypeError, ValueError):
+        raise ValueError("--marconi-online-alphas must be comma-separated numbers >= 0, "
+                         f"got {text!r}") from None
+    if not values or any(not v >= 0 for v in values) or len(set(values)) != len(values):
+        raise ValueError("--marconi-online-alphas must be distinct numbers >= 0, "
+                         f"got {text!r}")
+    return values
+
+
 def _alpha_arg(text):
     try:
         return parse_alpha(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _alphas_arg(text):
+    try:
+        return parse_alphas(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -105,8 +159,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                             "models: lru = stock SGLang (default), marconi = FLOP-aware "
                             "Marconi (MLSys 2025).")
     group.add_argument("--marconi-alpha", dest="marconi_alpha", type=_alpha_arg, default=None,
-                       help="Weight of FLOP efficiency against recency (0 = LRU), or 'auto' "
-                            "to tune it from the first requests (default: auto).")
+                       help="Weight of FLOP efficiency against recency (0 = LRU), 'auto' "
+                            "to tune it once from the first requests, or 'online' to follow "
+                            "the traffic with metadata-only shadow caches (default: auto).")
     group.add_argument("--marconi-bootstrap-multiplier", dest="marconi_bootstrap_multiplier",
                        type=float, default=None,
                        help="With --marconi-alpha auto: tune once k x (requests before the "
@@ -117,6 +172,20 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                             "and the final state first, then chunk-boundary states (2 = the "
                             "paper's admission; default -1 = no cap: SGLang's own states, "
                             "with FLOP-aware eviction deciding which to keep).")
+    group.add_argument("--marconi-online-alphas", dest="marconi_online_alphas",
+                       type=_alphas_arg, default=None,
+                       help="With --marconi-alpha online: the alphas of the shadow caches, "
+                            "comma-separated (default 0,0.5,1,2).")
+    group.add_argument("--marconi-online-window", dest="marconi_online_window", type=int,
+                       default=None,
+                       help="With --marconi-alpha online: the sliding window, in finished "
+                            "requests, over which the shadows' FLOPs saved are compared "
+                            "(every quarter window; default 200).")
+    group.add_argument("--marconi-online-sample", dest="marconi_online_sample", type=float,
+                       default=None,
+                       help="With --marconi-alpha online: the fraction of prefix families "
+                            "(by first token) the shadows see, their capacity scaled alike "
+                            "(default 1).")
 
 
 def settings_from_namespace(args) -> Optional[MarconiSettings]:
@@ -129,7 +198,8 @@ def settings_from_namespace(args) -> Optional[MarconiSettings]:
     given = {name: getattr(args, dest, None) for name, dest in (
         ("--marconi-alpha", "marconi_alpha"),
         ("--marconi-bootstrap-multiplier", "marconi_bootstrap_multiplier"),
-        ("--marconi-max-states-per-request", "marconi_max_states"))}
+        ("--marconi-max-states-per-request", "marconi_max_states"),
+        *_ONLINE_FLAGS)}
     backend = getattr(args, "radix_cache_backend", None)
     if policy != "marconi":
         stray = [name for name, value in given.items() if value is not None]
@@ -148,15 +218,28 @@ def settings_from_namespace(args) -> Optional[MarconiSettings]:
         raise ValueError("--cache-policy marconi replaces the eviction order; drop "
                          f"--radix-eviction-policy {eviction}")
     default = MarconiSettings()
+    alpha = default.alpha if given["--marconi-alpha"] is None else given["--marconi-alpha"]
+    online = [name for name, _ in _ONLINE_FLAGS if given[name] is not None]
+    if online and alpha != "online":
+        raise ValueError(f"{', '.join(online)}: only apply with --marconi-alpha online")
+
+    def pick(name, field):
+        return getattr(default, field) if given[name] is None else given[name]
+
     return MarconiSettings(
-        alpha=default.alpha if given["--marconi-alpha"] is None else given["--marconi-alpha"],
-        bootstrap_multiplier=(default.bootstrap_multiplier
-                              if given["--marconi-bootstrap-multiplier"] is None
-                              else given["--marconi-bootstrap-multiplier"]),
-        max_states_per_request=(default.max_states_per_request
-                                if given["--marconi-max-states-per-request"] is None
-                                else given["--marconi-max-states-per-request"]),
+        alpha=alpha,
+        bootstrap_multiplier=pick("--marconi-bootstrap-multiplier", "bootstrap_multiplier"),
+        max_states_per_request=pick("--marconi-max-states-per-request",
+                                    "max_states_per_request"),
+        online_alphas=pick("--marconi-online-alphas", "online_alphas"),
+        online_window=pick("--marconi-online-window", "online_window"),
+        online_sample=pick("--marconi-online-sample", "online_sample"),
     )
+
+
+_ONLINE_FLAGS = (("--marconi-online-alphas", "marconi_online_alphas"),
+                 ("--marconi-online-window", "marconi_online_window"),
+                 ("--marconi-online-sample", "marconi_online_sample"))
 
 
 def apply_to_namespace(args, environ=None) -> Optional[MarconiSettings]:

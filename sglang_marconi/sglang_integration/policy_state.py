@@ -1,7 +1,23 @@
 """``MarconiPolicyState``: what the Marconi components consult while SGLang runs the tree.
 
-One per cache: the cost model, alpha (fixed, or tuned once by ``policy.alpha.AlphaTuner``
-on shadow replays, see ``shadow``), the per-request admission plans and the counters.
+One per cache: the cost model, alpha (fixed; tuned once by ``policy.alpha.AlphaTuner``
+on shadow replays, see ``shadow``; or followed online by ``policy.online.OnlineAlpha``),
+the per-request admission plans and the counters.
+
+alpha = online. ``OnlineAlpha`` keeps one shadow cache per candidate alpha: a simulator
+``PrefixCache`` (tree metadata only, no tensors) configured as the simulator's image of
+this cache's state pool, the configuration in which ``tests/test_parity.py`` shows the
+simulator making SGLang's eviction decisions: a budget of the state slots a running
+request leaves to the tree, KV free (``StatePoolCost``), SGLang's eviction timing,
+normalisation, recency stamps and branch rule (none without the extra buffer), this
+cache's checkpoint grid and state cap (2, the paper's, when uncapped). Every finished
+request (its prompt and the tokens whose KV exists at finish: prompt + output minus the
+last token) goes to every shadow; every quarter window the alpha whose shadow saved the
+most prefill FLOPs over the last ``--marconi-online-window`` requests becomes this cache's
+alpha if it beats the current one's shadow by 2% (hysteresis). The shadows model neither
+the token pool nor chunk and decode snapshots, so they rank alphas, they do not reproduce
+this cache's hits. Their CPU time and the token ids they hold are counted against this
+cache's own bookkeeping (``MarconiStats.online_*``).
 
 Admission, in SGLang terms. A match reports ``mamba_branching_seqlen`` when the request's
 KV hit runs past the deepest state (SGLang's own branch detection, the paper's speculative
@@ -9,8 +25,17 @@ insertion); SGLang snapshots that position during the prefill. With a cap of N s
 request, ``policy.admission`` decides which states the tree keeps: the branch point and the
 final state (the last one SGLang tracked) first, then chunk-boundary snapshots, earliest
 first, while fewer than N; the others stay in the request's own ping-pong slot and are
-never published. Without a cap (the default) every state SGLang takes is admitted and
-FLOP-aware eviction decides which to keep.
+never published. The final state is admitted while the request has published fewer than N
+states, and always when it *is* the branch state (a branch in the last prefill chunk with
+no decode snapshot after it: SGLang's final state is then the branch snapshot). With a cap
+a KV-only leaf that the request merely extends (left behind when eviction took the state
+of a path's last node) is not a branch point (Marconi's speculative insertion would not
+split anything there), so the prefill snapshots the chunk end instead of that leaf's end
+(``MarconiUnifiedRadixCache``). Without a cap (the default) every state SGLang takes is
+admitted and FLOP-aware eviction decides which to keep.
+
+Recency of states is read on ``clock``: one tick per request match (the simulator's
+request clock).
 """
 from __future__ import annotations
 
@@ -20,11 +45,7 @@ from typing import Optional
 
 from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 
-from sglang_marconi.policy.admission import (
-    branch_checkpoint,
-    cached_length,
-    plan_checkpoints,
-)
+from sglang_marconi.policy.admission import branch_checkpoint
 from sglang_marconi.policy.scoring import VictimQueue, flop_efficiency
 from sglang_marconi.sglang_integration.options import MarconiSettings
 from sglang_marconi.sglang_integration.stats import MarconiStats
@@ -35,6 +56,20 @@ NO_CAP = 1 << 30
 LOG_EVERY = 200  # requests between two summary log lines
 
 
+class StatePoolCost:
+    """A cost model as SGLang's state pool sees it: KV has its own pool, so it is free; a
+    simulator cache with this spec budgets state slots only."""
+
+    kv_bytes_per_token = 0
+
+    def __init__(self, spec):
+        self._spec = spec
+        self.ssm_state_bytes = spec.ssm_state_bytes
+
+    def __getattr__(self, name):
+        return getattr(self._spec, name)
+
+
 @dataclass
 class RequestAdmission:
     hit_len: int
@@ -42,6 +77,7 @@ class RequestAdmission:
     branch: int                # the admitted branch position (0: none)
     chunk_budget: int          # chunk-boundary states still allowed
     pending: str = ""          # reason of the state being inserted now
+    published: int = 0         # intermediate states admitted so far
 
 
 class MarconiPolicyState:
@@ -60,11 +96,27 @@ class MarconiPolicyState:
         self.stats = MarconiStats()
         self.exporter = None
         self._requests: dict[str, RequestAdmission] = {}
-        self.alpha = 0.0 if settings.auto_alpha else float(settings.alpha)
+        self.clock = 0  # request clock: ticks once per request match (state recency)
+        self.extra_buffer = extra_buffer
+        self.alpha = (float(settings.alpha)
+                      if not (settings.auto_alpha or settings.online_alpha) else 0.0)
         self.capacity_bytes = (kv_tokens * spec.kv_bytes_per_token
                                + state_slots * spec.ssm_state_bytes)
+        self.state_slots = state_slots
         self.tuner = None
         self.shadow = None
+        self.online = None
+        self.tree_tokens = None  # callable: token ids the real tree holds (set by the cache)
+        self.stats.alpha_mode = ("auto" if settings.auto_alpha else
+                                 "online" if settings.online_alpha else "fixed")
+        if settings.online_alpha:
+            from sglang_marconi.policy.online import OnlineAlpha
+
+            self.online = OnlineAlpha(self._make_shadow, alphas=settings.online_alphas,
+                                      window=settings.online_window,
+                                      period=settings.online_period,
+                                      sample=settings.online_sample)
+            self.alpha = self.online.alpha
         if settings.auto_alpha:
             from sglang_marconi.policy.alpha import AlphaTuner
             from sglang_marconi.sglang_integration.shadow import TUNING_GRID, ShadowReplay
@@ -77,6 +129,39 @@ class MarconiPolicyState:
         self.stats.alpha_tuned = not settings.auto_alpha
 
     # -- alpha ---------------------------------------------------------------------------
+    def _make_shadow(self, alpha: float, sample: float):
+        """A metadata-only simulator cache mirroring this one's state pool, fixed alpha."""
+        from sglang_marconi.policy.cache import PrefixCache
+
+        running = 3 if self.extra_buffer else 1  # slots a running request holds
+        slots = max(1, self.state_slots - running)
+        return PrefixCache(
+            StatePoolCost(self.spec), int(slots * self.spec.ssm_state_bytes * sample),
+            alpha=alpha, grid=self.grid,
+            max_states_per_request=self.max_states if self.capped else 2,
+            branch_rule="kv" if self.extra_buffer else "none", evict_at="begin",
+            renormalise=True, insert_clock_offset=0.5)
+
+    def _observe_online(self, req) -> None:
+        import time
+
+        import numpy as np
+
+        t0 = time.perf_counter()
+        inp = np.asarray(req.origin_input_ids, dtype=np.int64)
+        full = np.concatenate([inp, np.asarray(req.output_ids[:-1], dtype=np.int64)])
+        new_alpha = self.online.observe(inp, full)
+        st = self.stats
+        st.online_seconds += time.perf_counter() - t0
+        shadows = self.online.shadows.values()
+        st.shadow_tokens = sum(s.tree.num_kv_tokens for s in shadows)
+        st.shadow_nodes = sum(s.tree.num_nodes for s in shadows)
+        if self.tree_tokens is not None:
+            st.tree_tokens = self.tree_tokens()
+        if new_alpha is not None:
+            st.online_switches += 1
+            self._set_alpha(new_alpha)
+
     def _replay_window(self, window, alpha: float) -> float:
         """FLOPs saved on the recorded window by a shadow SGLang cache with this alpha;
         the simulator's cache (same byte budget) if the shadow cannot be built here."""
@@ -103,10 +188,15 @@ class MarconiPolicyState:
         self.alpha = float(alpha)
         self.stats.alpha = self.alpha
         self.stats.alpha_tuned = True
-        self.stats.tuning_seconds = getattr(self.shadow, "seconds", 0.0)
-        logger.info("Marconi alpha tuned to %g in %.1f s (FLOPs saved by alpha: %s)",
-                    self.alpha, getattr(self.shadow, "seconds", 0.0),
-                    {a: f"{v:.3g}" for a, v in getattr(self.tuner, "scores", {}).items()})
+        if self.online is not None:
+            logger.info("Marconi alpha moved to %g online after %d requests (FLOPs saved "
+                        "by each shadow over the window: %s)", self.alpha, self.online.seen,
+                        {a: f"{v:.3g}" for a, v in self.online.window_scores().items()})
+        else:
+            self.stats.tuning_seconds = getattr(self.shadow, "seconds", 0.0)
+            logger.info("Marconi alpha tuned to %g in %.1f s (FLOPs saved by alpha: %s)",
+                        self.alpha, getattr(self.shadow, "seconds", 0.0),
+                        {a: f"{v:.3g}" for a, v in getattr(self.tuner, "scores", {}).items()})
         if self.exporter is not None:
             self.exporter.set_alpha(self.alpha)
 
@@ -133,10 +223,19 @@ class MarconiPolicyState:
         return self._efficiency(node, lengths, self.spec.kv_bytes_per_token * len(node.key))
 
     # -- admission -----------------------------------------------------------------------
+    @property
+    def capped(self) -> bool:
+        return self.max_states != NO_CAP
+
+    def tick(self) -> None:
+        """A request is matched: the request clock advances."""
+        self.clock += 1
+
     def on_match(self, req, result) -> None:
         """A request matched (possibly again, while it waits): plan its branch state."""
         hit = result.device_prefix_len
-        branch_len = result.mamba_branching_seqlen
+        # without the extra buffer no prefill snapshots a branch: the plan has none
+        branch_len = result.mamba_branching_seqlen if self.extra_buffer else None
         input_len = len(req.origin_input_ids)
         branch = branch_checkpoint(input_len, hit, branch_len, self.grid, self.max_states)
         reserved = (1 if branch else 0) + 1  # the branch point and the final state
@@ -157,28 +256,31 @@ class MarconiPolicyState:
         adm = self._admission(req)
         if adm.branch and position == adm.branch:
             adm.pending = "branch"
+            adm.published += 1
             return True
         if adm.chunk_budget > 0:
             adm.chunk_budget -= 1
             adm.pending = "chunk"
+            adm.published += 1
             return True
         self.stats.rejected += 1
         return False
 
-    def admit_final(self, req) -> bool:
+    def admit_final(self, req, position: int) -> bool:
+        """The finished request's state, which SGLang inserts at ``position`` (the last
+        snapshot under extra_buffer, the KV length without it)."""
         adm = self._admission(req)
+        if adm.branch and position == adm.branch:
+            adm.pending = "branch"  # the branch snapshot arrives as the final state
+            return True
         adm.pending = "final"
-        if self.max_states == NO_CAP:
+        if not self.capped:
             return True  # no cap: SGLang's own admission, state for state
-        input_len, output_len = len(req.origin_input_ids), len(req.output_ids)
-        plan = plan_checkpoints(input_len, output_len, adm.hit_len, adm.branch_len, self.grid,
-                                self.max_states)
-        end = cached_length(input_len, output_len, self.grid)
-        return bool(plan.positions) and plan.positions[-1] == end
+        return adm.published < self.max_states
 
     def state_admitted(self, req, finished: bool) -> None:
         adm = self._requests.get(req.rid)
-        reason = "final" if finished else (adm.pending if adm and adm.pending else "chunk")
+        reason = adm.pending if adm and adm.pending else ("final" if finished else "chunk")
         self.stats.admitted[reason] += 1
         if self.exporter is not None:
             self.exporter.state("admitted", reason)
@@ -212,5 +314,7 @@ class MarconiPolicyState:
             new_alpha = self.tuner.observe_request(window_item(req))
             if new_alpha is not None:
                 self._set_alpha(new_alpha)
+        if self.online is not None:
+            self._observe_online(req)
         if st.requests % self.log_every == 0:
             logger.info(st.summary_line())

@@ -34,6 +34,10 @@ class PoolConfig:
     chunked_prefill_size: int = 8192
     mamba_track_interval: int = 256
     mamba_max_states_per_path: int = -1
+    # the model's mamba chunk (SGLang reads it from the HF config; the fixture's default is
+    # max(64, page)): extra_buffer snapshots land on lcm(this, page). Tests set 1 to get a
+    # one-token checkpoint grid.
+    mamba_cache_chunk_size: Optional[int] = None
 
 
 def _server_args_factory(pc: PoolConfig):
@@ -117,7 +121,8 @@ def build_pools(pc: PoolConfig, keep_global_args: bool = False):
         keep,
     ):
         fixture_cache, allocator, req_to_token_pool = fixtures.build_fixture(
-            cache_config(pc), tree_core_backend="python"
+            cache_config(pc), tree_core_backend="python",
+            mamba_cache_chunk_size=pc.mamba_cache_chunk_size,
         )
     params = fixture_cache.cache_init_params
     return params, allocator, req_to_token_pool

@@ -6,6 +6,10 @@ finished request), ``rejected`` chunk-boundary states (over the per-request cap)
 evicted (by reason: ``state_pool_drop`` = an internal node's state dropped to free a state
 slot, ``state_pool_leaf`` = a leaf deleted to free a state slot, ``kv_pool_leaf`` = a leaf
 deleted to free KV token slots, its state with it).
+
+With ``--marconi-alpha online``: the alpha switches, and what the shadow caches cost next to
+the real cache: their CPU time over the real cache's bookkeeping time (match, insert,
+evict), and the token ids their trees hold over the token ids the real tree holds.
 """
 from __future__ import annotations
 
@@ -32,10 +36,25 @@ class MarconiStats:
     admitted: Counter = field(default_factory=Counter)
     rejected: int = 0
     evicted: Counter = field(default_factory=Counter)
+    alpha_mode: str = "fixed"      # fixed, auto or online
+    bookkeeping_seconds: float = 0.0  # the cache's match / insert / evict calls
+    online_switches: int = 0
+    online_seconds: float = 0.0    # the shadow caches' bookkeeping
+    shadow_tokens: int = 0         # token ids held by the shadows' trees
+    shadow_nodes: int = 0
+    tree_tokens: int = 0           # token ids held by the real tree (its KV tokens)
 
     @property
     def token_hit_rate(self) -> float:
         return self.hit_tokens / self.input_tokens if self.input_tokens else 0.0
+
+    @property
+    def online_time_ratio(self) -> float:
+        return self.online_seconds / self.bookkeeping_seconds if self.bookkeeping_seconds else 0.0
+
+    @property
+    def online_memory_ratio(self) -> float:
+        return self.shadow_tokens / self.tree_tokens if self.tree_tokens else 0.0
 
     def as_dict(self) -> dict:
         return {
@@ -51,15 +70,29 @@ class MarconiStats:
             "states_admitted": {r: self.admitted[r] for r in ADMIT_REASONS},
             "states_rejected": self.rejected,
             "states_evicted": {r: self.evicted[r] for r in EVICT_REASONS},
+            "alpha_mode": self.alpha_mode,
+            "bookkeeping_seconds": self.bookkeeping_seconds,
+            **({"online": self.online_dict()} if self.alpha_mode == "online" else {}),
         }
+
+    def online_dict(self) -> dict:
+        return {"switches": self.online_switches, "seconds": self.online_seconds,
+                "time_ratio": self.online_time_ratio, "shadow_tokens": self.shadow_tokens,
+                "shadow_nodes": self.shadow_nodes, "tree_tokens": self.tree_tokens,
+                "memory_ratio": self.online_memory_ratio}
 
     def summary_line(self) -> str:
         adm = ", ".join(f"{r}={self.admitted[r]}" for r in ADMIT_REASONS)
         ev = ", ".join(f"{r}={self.evicted[r]}" for r in EVICT_REASONS)
-        return (f"Marconi cache: alpha={self.alpha:g}{'' if self.alpha_tuned else ' (untuned)'}"
+        mode = ("" if self.alpha_tuned or self.alpha_mode == "online" else " (untuned)")
+        online = (f" online[switches={self.online_switches}"
+                  f" time_ratio={self.online_time_ratio:.2f}"
+                  f" memory_ratio={self.online_memory_ratio:.2f}]"
+                  if self.alpha_mode == "online" else "")
+        return (f"Marconi cache: alpha={self.alpha:g}{mode}"
                 f" requests={self.requests} token_hit_rate={self.token_hit_rate:.3f}"
                 f" flops_saved={self.flops_saved:.3e} states_admitted[{adm}]"
-                f" rejected={self.rejected} states_evicted[{ev}]")
+                f" rejected={self.rejected} states_evicted[{ev}]{online}")
 
 
 _SERIES: dict = {}  # one set of Prometheus series per process, shared by every cache
