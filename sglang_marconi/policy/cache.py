@@ -262,6 +262,11 @@ class PrefixCache:
         attempts = [adm.positions]
         if adm.branch_len:
             attempts.append((adm.branch_len,))
+        elif self.admission == "block":  # vLLM+: fall back to shorter prefixes of its blocks
+            k = len(adm.positions) // 2
+            while k:
+                attempts.append(adm.positions[:k])
+                k //= 2
         out: dict = {}
         for i, positions in enumerate(attempts):
             seq = full[:positions[-1]]
@@ -310,11 +315,17 @@ class PrefixCache:
         guard = tree.match(seq).kv_node
         tree.lock(guard)
         try:
-            while tree.bytes_used + needed > self.capacity:
-                if not self._evict_one():
-                    return False
+            # Evicting can only raise ``needed`` (it may free a node this request would have
+            # reused), never lower it: evict against the last value and recompute only when
+            # it says there is room. The same victims as recomputing after every eviction,
+            # without an O(positions) walk per evicted node (vllm+ plans ~1,000 positions).
+            while True:
+                while tree.bytes_used + needed > self.capacity:
+                    if not self._evict_one():
+                        return False
                 needed = tree.bytes_to_insert(seq, positions)
-            return True
+                if tree.bytes_used + needed <= self.capacity:
+                    return True
         finally:
             tree.unlock(guard)
 

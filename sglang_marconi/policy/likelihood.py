@@ -7,9 +7,9 @@ Two online estimators, both from what the cache itself observes:
   the node ever was a branch point (had two or more children). The hit count decays with a
   half-life in requests (``inf``: plain counts). A *chain* state (exactly one child, never a
   branch point: a conversation turn the next turn has already extended) gets
-  ``chain_weight`` (0): only a regenerated or edited turn would hit it again. Measured on the
-  generators, counting hits on chain states put marconi+ 5% below LRU on chat at 4 GB;
-  weighting them 0 puts it 5% above (see docs/beyond.md).
+  ``chain_weight`` (0): only a regenerated or edited turn would hit it again. Counting hits
+  on chain states put marconi+ below LRU on the chat generator, weighting them 0 above it
+  (the ablation in docs/beyond.md measures ``chain=1``).
 - ``EndStateUsefulness``: how often the state after a request's last token is later reused
   (a later request extends the whole cached sequence). Measured on the ghost index, so it
   is learned whether or not the cache kept those states. ``marconi+`` admits end-of-request
