@@ -1,6 +1,7 @@
 """Shared test fixtures: the repository root, the shared Mooncake trace, small specs."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -21,3 +22,14 @@ def paper_spec():
     from sglang_marconi.model import HybridModelSpec
 
     return HybridModelSpec.from_preset("paper-7b")
+
+
+@pytest.fixture(autouse=True)
+def _restore_marconi_env():
+    """Parsing --cache-policy marconi exports SGLANG_MARCONI_* into os.environ: undo it
+    after every test."""
+    saved = {k: v for k, v in os.environ.items() if k.startswith("SGLANG_MARCONI_")}
+    yield
+    for k in [k for k in os.environ if k.startswith("SGLANG_MARCONI_")]:
+        del os.environ[k]
+    os.environ.update(saved)

@@ -6,7 +6,6 @@ import functools
 import gc
 import io
 import json
-import os
 import types
 from array import array
 from contextlib import redirect_stdout
@@ -39,13 +38,6 @@ POOLS = PoolConfig(kv_tokens=3000, mamba_slots=8, page_size=1, max_context_len=6
                    mamba_cache_chunk_size=1)
 
 
-@pytest.fixture(autouse=True)
-def _restore_marconi_env():
-    saved = {k: v for k, v in os.environ.items() if k.startswith("SGLANG_MARCONI_")}
-    yield
-    for k in [k for k in os.environ if k.startswith("SGLANG_MARCONI_")]:
-        del os.environ[k]
-    os.environ.update(saved)
 
 
 def alpha_shift(requests_per_phase=60):

@@ -25,14 +25,6 @@ from sglang_marconi.sglang_integration.version import (  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture(autouse=True)
-def _restore_marconi_env():
-    """Parsing --cache-policy marconi exports SGLANG_MARCONI_* into os.environ."""
-    saved = {k: v for k, v in os.environ.items() if k.startswith("SGLANG_MARCONI_")}
-    yield
-    for k in [k for k in os.environ if k.startswith("SGLANG_MARCONI_")]:
-        del os.environ[k]
-    os.environ.update(saved)
 
 
 def test_version_pin():
