@@ -215,7 +215,7 @@ class PrefixCache:
             st.per_request_hits.append(m.hit_len)
         branch_len = m.branch_len
         if self.branch_rule == "kv":
-            kv = self.tree.match(tokens[:max(0, n - 1)]).kv_len
+            kv = min(m.kv_len, max(0, n - 1))  # the KV match of input[:-1]
             branch_len = kv if kv > m.hit_len else 0
         elif self.branch_rule == "none":
             branch_len = 0
