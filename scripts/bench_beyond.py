@@ -7,7 +7,9 @@ docs/img/beyond_mooncake.png) and prints PASS/MISS for the two targets:
   more than 2% below LRU in FLOPs saved.
 
 Also: marconi+ ablations on Mooncake 100 GB; per-phase FLOPs saved of bootstrap, online and
-fixed alphas on the ``drift`` and ``alpha-shift`` workloads; the online shadows' CPU cost.
+fixed alphas on the ``drift`` and ``alpha-shift`` workloads (alpha-shift at 2 GB, the
+capacity ``tests/test_beyond.py`` uses: how clearly the best fixed alpha differs between its
+phases, and when online alpha moves); the online shadows' CPU cost.
 A benchmark, not a test: exits 0 either way (1 with ``--strict`` on a MISS).
 
 Usage: .venv/bin/python scripts/bench_beyond.py [--jobs 2] [--out docs/beyond.md]
@@ -25,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from sglang_marconi.policy.online import DEFAULT_ALPHAS  # noqa: E402
 from sglang_marconi.sim import sweeps  # noqa: E402
 from sglang_marconi.sim.sweeps import Task, generator, model_spec, run_config  # noqa: E402
 
@@ -35,8 +38,15 @@ ABLATIONS = ("marconi+", "marconi+:ghost=0", "marconi+:end_threshold=0", "marcon
              "marconi+:bonus=0", "marconi+:half_life=500")
 GENERATORS = ("chat", "agent", "shared-prompt", "fork-join")
 GEN_TARGETS = (0.25, 0.5, 0.75)
-FIXED_ALPHAS = (0.0, 0.5, 1.0, 2.0)
-ALPHA_SHIFT_CAP = 4e9
+FIXED_ALPHAS = (0.0, 0.5, 1.0, 2.0, 4.0)
+ALPHA_SHIFT_CAP = 2e9   # as tests/test_beyond.py::test_online_alpha_on_a_drifting_trace
+ONLINE_BOUND = 200 + 50  # OnlineAlpha's default window + period
+CLEAR = 1.10  # a phase's "clearly better" alphas: >= 10% more FLOPs saved (as the test)
+# online alpha with its default shadows, and with shadows for every fixed alpha shown (as the
+# test): (key, policy, the alphas it can choose)
+ONLINE_VARIANTS = (("online", "marconi:alpha=online", DEFAULT_ALPHAS),
+                   ("online5", "marconi:alpha=online:alphas="
+                    + "/".join(f"{a:g}" for a in FIXED_ALPHAS), FIXED_ALPHAS))
 TARGET_RATIO = 1.5
 TARGET_FLOOR = 0.98
 
@@ -98,7 +108,7 @@ def run(jobs: int, mooncake_path=None, quick: bool = False, progress: bool = Tru
     chain_keys = {p: add(Task(MODEL, gens[0], int(4e9), p))
                   for p in ("sglang+", "marconi+", "marconi+:chain=1")}
     drift_cap = cal[drift.label]["capacities"][1]
-    online_pols = (["marconi", "marconi:alpha=online"]
+    online_pols = (["marconi"] + [p for _, p, _ in ONLINE_VARIANTS]
                    + [f"marconi:alpha={a:g}" for a in FIXED_ALPHAS])
     phase_keys = {}
     for w, cap in ((drift, drift_cap), (shift, int(ALPHA_SHIFT_CAP))):
@@ -120,6 +130,19 @@ def run(jobs: int, mooncake_path=None, quick: bool = False, progress: bool = Tru
             "timing": timing, "repeats": repeats, "drift_cap": drift_cap,
             "workloads": {"mooncake": moon, "gens": gens, "drift": drift, "shift": shift},
             "online_pols": online_pols, "wall_s": time.perf_counter() - t0, "jobs": jobs}
+
+
+def _clearly_better(fixed: dict, choices) -> set | None:
+    """The alphas among ``choices`` that are clearly better in a phase, as the test has it:
+    {0} where alpha 0 saves >= CLEAR x every fixed alpha > 0 (LRU's phase); the alphas > 0
+    saving >= CLEAR x alpha 0 where there are such (FLOP-aware eviction's phase); None
+    where neither holds (no clear best)."""
+    pos = [a for a in FIXED_ALPHAS if a]
+    if all(fixed[0.0] >= CLEAR * fixed[a] for a in pos) and fixed[0.0] > 0:
+        return {0.0}
+    if any(fixed[a] >= CLEAR * fixed[0.0] for a in pos) and fixed[0.0] > 0:
+        return {a for a in choices if a and fixed[a] >= CLEAR * fixed[0.0]}
+    return None
 
 
 def analyze(b: dict) -> dict:
@@ -182,14 +205,40 @@ def analyze(b: dict) -> dict:
                 return x["flops_saved"] / x["prefill_flops"] if x["prefill_flops"] else 0.0
             fixed = {a: frac(f"marconi:alpha={a:g}") for a in FIXED_ALPHAS}
             best_a = max(FIXED_ALPHAS, key=lambda a: (fixed[a], -a))
+            best_pos = max(fixed[a] for a in FIXED_ALPHAS if a)
             table.append({"phase": ph, "requests": (rows["marconi"]["requests"] if ph == "all"
                                                     else rows["marconi"]["phases"][ph]["requests"]),
-                          "auto": frac("marconi"), "online": frac("marconi:alpha=online"),
-                          "fixed": fixed, "best_alpha": best_a, "best": fixed[best_a]})
+                          "auto": frac("marconi"),
+                          **{key: frac(p) for key, p, _ in ONLINE_VARIANTS},
+                          "fixed": fixed, "best_alpha": best_a, "best": fixed[best_a],
+                          "lru_vs_best_pos": _ratio(fixed[0.0], best_pos)})
+        starts, at = [], 0
+        for ph in phases:
+            starts.append((ph, at))
+            at += rows["marconi"]["phases"][ph]["requests"]
+        switches, moves = {}, {}
+        for key, p, choices in ONLINE_VARIANTS:
+            sw = switches[key] = rows[p].get("alpha_switches", [])
+            moves[key] = []  # per phase: when its alpha enters the phase's clearly better set
+            for (ph, start), row in zip(starts, table):
+                end = next((s for _, s in starts if s > start), at)
+                target = _clearly_better(row["fixed"], choices)
+                if target is None:
+                    moves[key].append({"phase": ph, "target": None})
+                    continue
+                held = [a for i, a in sw if i <= start][-1]
+                inside = [i for i, a in sw if start < i < end]
+                entered = (start if held in target else
+                           next((i for i, a in sw if start < i < end and a in target), None))
+                stays = entered is not None and all(
+                    a in target for i, a in sw if entered < i < end)
+                moves[key].append({"phase": ph, "start": start, "target": sorted(target),
+                                   "entered": entered, "stays": stays, "switches": len(inside),
+                                   "after": None if entered is None else entered - start})
         an["phases"][w.label] = {
             "rows": table, "auto_alpha": rows["marconi"]["alpha"],
             "auto_tuned": rows["marconi"].get("alpha_tuned"),
-            "switches": rows["marconi:alpha=online"].get("alpha_switches", []),
+            "switches": switches, "moves": moves,
             "capacity": rows["marconi"]["capacity"]}
         t0 = b["timing"][(w.label, "marconi:alpha=0")]
         t1 = b["timing"][(w.label, "marconi:alpha=online")]
@@ -244,6 +293,9 @@ def write_markdown(b: dict, an: dict, path: Path, img_rel: str, command: str) ->
         "FLOPs over the last 200 requests (checked every 50, 2% hysteresis); `sample=0.25` "
         "feeds the shadows only the requests whose first token hashes into a 25% sample, "
         "with 25% of the capacity.\n")
+    add("Both run inside SGLang too: `--cache-policy marconi+` and `--marconi-alpha online` "
+        "use the same objects in `MarconiUnifiedRadixCache`; docs/sglang.md (\"marconi+ in "
+        "SGLang\") has what changes there and the Mooncake A/B against stock SGLang.\n")
     # Mooncake
     add("## Mooncake trace: marconi+ vs LRU, Marconi, the ceiling and the future-knowing "
         "reference\n")
@@ -306,24 +358,34 @@ def write_markdown(b: dict, an: dict, path: Path, img_rel: str, command: str) ->
     add("## Online alpha: per-phase FLOPs saved\n")
     add("Share of each phase's prefill FLOPs saved. `auto` = the paper's bootstrap (fitted "
         "once); `online` = shadow caches; the fixed alphas show the best fixed alpha in "
-        "hindsight per phase. `drift` phases: chat1, agent, chat2; `alpha-shift` phases: "
-        "burst, steady, burst (numbered).\n")
+        "hindsight per phase; `alpha 0 / best alpha > 0` = alpha 0's FLOPs saved over "
+        "those of the best fixed alpha > 0 (above 1: LRU's phase, below: FLOP-aware "
+        "eviction's). `online`: default shadows (alphas 0/0.5/1/2, window 200, period 50), "
+        "so it cannot pick alpha 4; `online 0-4`: shadows for all five alphas shown (as "
+        "`tests/test_beyond.py` runs it on alpha-shift). `drift` phases: chat1, agent, chat2; "
+        "`alpha-shift` phases: scan, steady, scan (numbered): in a scan phase one-off long "
+        "documents (each read once) pass between requests on 8 short hot prompts, in the "
+        "steady phase 12 long documents are reused between one-off prompts (see "
+        "`sim.generators`).\n")
     for wl, ph in an["phases"].items():
-        sw = ", ".join(f"request {i}: {a:g}" for i, a in ph["switches"])
+        sw = {k: ", ".join(f"request {i}: {a:g}" for i, a in v) or "none"
+              for k, v in ph["switches"].items()}
         add(f"### {wl} at {gb(ph['capacity'])}\n")
         add(f"Bootstrap alpha: {ph['auto_alpha']:g} "
             f"({'tuned' if ph['auto_tuned'] else 'never tuned: the window did not complete'}); "
-            f"online alpha switches: {sw or 'none'}.\n")
+            f"online alpha switches: {sw['online']}; online 0-4: {sw['online5']}.\n")
         add(cmd + "\n")
         rows = []
         for x in ph["rows"]:
             rows.append((x["phase"], f"{x['requests']:,}", pct(x["auto"]), pct(x["online"]),
-                         *[pct(x["fixed"][a]) for a in FIXED_ALPHAS],
+                         pct(x["online5"]), *[pct(x["fixed"][a]) for a in FIXED_ALPHAS],
                          f"{x['best_alpha']:g} ({pct(x['best'])})",
-                         pp(x["online"] - x["best"])))
-        add(_table(("phase", "requests", "marconi (auto)", "online",
+                         times(x["lru_vs_best_pos"]), pp(x["online"] - x["best"]),
+                         pp(x["online5"] - x["best"])))
+        add(_table(("phase", "requests", "marconi (auto)", "online", "online 0-4",
                     *[f"alpha={a:g}" for a in FIXED_ALPHAS], "best fixed (hindsight)",
-                    "online - best fixed"), rows))
+                    "alpha 0 / best alpha > 0", "online - best fixed",
+                    "online 0-4 - best fixed"), rows))
         add("")
     add("### CPU cost of the online shadows\n")
     add(f"Replay wall time of the whole workload in one process (best of {b['repeats']}), "
@@ -340,6 +402,19 @@ def write_markdown(b: dict, an: dict, path: Path, img_rel: str, command: str) ->
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
     return text
+
+
+def _move_text(m: dict) -> str:
+    if m["target"] is None:
+        return f"{m['phase']}: no alpha clearly better"
+    head = f"{m['phase']} (from request {m['start']}, clearly better: " + \
+        "/".join(f"{a:g}" for a in m["target"]) + ")"
+    if m["entered"] is None:
+        return f"{head}: never"
+    where = "within" if m["after"] <= ONLINE_BOUND else "beyond"
+    stays = "and stays" if m["stays"] else "but leaves it again"
+    return (f"{head}: from request {m['entered']} ({m['after']} in, {where} the bound) "
+            f"{stays}")
 
 
 def summary(an: dict) -> str:
@@ -384,10 +459,21 @@ def summary(an: dict) -> str:
         allrow = [r for r in ph["rows"] if r["phase"] == "all"][0]
         gap = min(r["online"] - r["best"] for r in rows)
         lines.append(f"- {wl}: over the whole trace online saved {pct(allrow['online'])} of "
-                     f"prefill FLOPs, bootstrap {pct(allrow['auto'])}, the best single fixed "
+                     f"prefill FLOPs (online 0-4: {pct(allrow['online5'])}), bootstrap "
+                     f"{pct(allrow['auto'])}, the best single fixed "
                      f"alpha {pct(allrow['best'])} (alpha={allrow['best_alpha']:g}); per phase "
                      f"online trails the hindsight-best fixed alpha by at most "
                      f"{max(0.0, -100 * gap):.1f} percentage points.")
+        per_phase = "; ".join(
+            f"{r['phase']}: best fixed alpha {r['best_alpha']:g}, alpha 0 saves "
+            f"{times(r['lru_vs_best_pos'])} the best alpha > 0" for r in rows)
+        moved = {key: "; ".join(_move_text(m) for m in ms) for key, ms in ph["moves"].items()}
+        lines.append(f"- {wl} per phase: {per_phase}.")
+        lines.append(f"- {wl}, when online alpha holds one of the phase's clearly better alphas "
+                     f"(>= {CLEAR:g}x the FLOPs saved: alpha 0 against every alpha > 0, or an "
+                     f"alpha > 0 against alpha 0; bound: window + period = {ONLINE_BOUND} "
+                     f"requests into the phase). online: {moved['online']}. online 0-4: "
+                     f"{moved['online5']}.")
     return "\n".join(lines) + "\n"
 
 

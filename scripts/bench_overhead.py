@@ -72,6 +72,8 @@ def _base(name: str) -> str:
 def _settings(name: str, alpha: float):
     from sglang_marconi.sglang_integration.options import MarconiSettings
 
+    if name == "marconi+":
+        return MarconiSettings(alpha=0.0, plus=True)
     return MarconiSettings(alpha="auto" if name == "marconi-auto" else float(alpha))
 
 
@@ -379,7 +381,7 @@ def format_replay(timing: dict, memory: dict, target: float) -> str:
         r = ratios(timing, n)
         rs = r.get("stock", {}) if n != "stock" else {}
         rp = r.get("stock-python", {}) if n not in ("stock", "stock-python") else {}
-        alpha = f"{t['alpha']:g}" if "alpha" in t else "-"
+        alpha = f"{t['alpha']:g}" if "alpha" in t and n != "marconi+" else "-"
         lines.append(
             f"{n:<14}{alpha:>6}{t['mean_ms']:>9.2f}{t['p50_ms']:>8.2f}{t['p99_ms']:>8.2f}"
             f"{t['evict_ms']:>9.2f}{t['evict_calls_per_request']:>7.2f}"
@@ -449,6 +451,8 @@ def main(argv=None) -> int:
     ap.add_argument("--auto", action="store_true",
                     help="add a marconi-auto column (alpha=auto: its one-off tuning replay "
                          "takes about 30 s on the full trace)")
+    ap.add_argument("--plus", action="store_true",
+                    help="add a marconi+ column (--cache-policy marconi+)")
     ap.add_argument("--memory-limit", type=int, default=500,
                     help="requests of the tracemalloc pass (0: skip it)")
     ap.add_argument("--sizes", default="1000,10000,100000", help="tree sizes for scaling")
@@ -486,7 +490,8 @@ def main(argv=None) -> int:
         requests = load_requests(Path(args.trace), args.limit)
         cfg = replay_config(requests, args.model, args.kv_tokens, args.mamba_slots,
                             alpha=args.alpha)
-        names = REPLAY_CACHES + (("marconi-auto",) if args.auto else ())
+        names = (REPLAY_CACHES + (("marconi-auto",) if args.auto else ())
+                 + (("marconi+",) if args.plus else ()))
         print(f"replay: {args.trace}: {len(requests):,} requests, "
               f"{sum(len(r.input_ids) for r in requests):,} input tokens, model {spec.name}, "
               f"{cfg.pools.kv_tokens:,} KV token slots, {cfg.pools.mamba_slots} state slots, "

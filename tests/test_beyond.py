@@ -12,6 +12,7 @@ from sglang_marconi.policy.offline import FutureIndex, exhaustive_best, offline_
 from sglang_marconi.policy.tree import Node
 from sglang_marconi.sim.generators import generate
 from sglang_marconi.sim.policies import build_cache, parse_policy
+from sglang_marconi.sim.sweeps import phase_labels
 from sglang_marconi.sim.traces import Request
 
 SPEC = HybridModelSpec.from_preset("paper-7b")
@@ -115,15 +116,16 @@ def test_shadow_caches_hold_no_tensors():
 
 
 def _phase_sums(policy, trace, cap):
+    """FLOPs saved per phase (``scan#1``, ``steady``, ``scan#2``), the alpha in use after
+    each request, and the cache."""
     c = build_cache(parse_policy(policy), SPEC, cap, trace=trace)
     sums, alphas = {}, []
-    for r in trace.requests:
+    for r, phase in zip(trace.requests, phase_labels(trace)):
         before = c.stats.flops_saved
         c.process(r.input_tokens, r.full_tokens)
-        phase = r.session_id.split("-")[0]
         sums[phase] = sums.get(phase, 0.0) + c.stats.flops_saved - before
         alphas.append(c.alpha)
-    return sums, alphas
+    return sums, alphas, c
 
 
 class _ScriptedShadow:
@@ -159,18 +161,54 @@ def test_online_alpha_moves_to_each_phase_best_within_a_window():
     assert 450 < online.history[1][0] <= 525 and 850 < online.history[2][0] <= 925
 
 
+ALPHA_SHIFT_CAP = 2 * 10**9
+FIXED_ALPHAS = (0.0, 0.5, 1.0, 2.0, 4.0)
+CLEAR = 1.10  # "clearly better": >= 10% more FLOPs saved in the phase
+
+
 def test_online_alpha_on_a_drifting_trace():
-    """alpha-shift at 4 GB: in its steady phase a larger alpha saves clearly more than LRU;
-    the online cache leaves alpha 0 there and gains over LRU without a fixed choice."""
+    """alpha-shift (seed 0, paper-7b, 2 GB), phases scan, steady, scan of 600 requests.
+
+    (a) The best fixed alpha differs between phases, clearly: in each scan phase alpha 0
+    saves >= 10% more FLOPs than every alpha in {0.5, 1, 2, 4}; in the steady phase some
+    alpha > 0 saves >= 10% more than alpha 0.
+    (b) ``marconi:alpha=online`` (window 200, period 50, shadows for the same five alphas)
+    follows: within window + period = 250 requests of a phase's start its alpha is one that
+    is clearly better in that phase (steady: >= 10% above alpha 0; scan: alpha 0) and stays
+    so until the phase ends.
+    (c) Over the whole trace it saves >= 95% of what the best fixed alpha in hindsight
+    saves, and more than the worst fixed alpha.
+    """
     trace = generate("alpha-shift", seed=0)
-    cap = 4 * 10**9
-    lru, _ = _phase_sums("marconi:alpha=0", trace, cap)
-    best_fixed = max((_phase_sums(f"marconi:alpha={a}", trace, cap)[0]["steady"], a)
-                     for a in (0.5, 1.0, 2.0))
-    assert best_fixed[0] > 1.1 * lru["steady"]
-    online, alphas = _phase_sums("marconi:alpha=online", trace, cap)
-    assert max(alphas[600:1200]) > 0.0
-    assert online["steady"] > 1.03 * lru["steady"]
+    n = len(trace.requests) // 3
+    fixed = {a: _phase_sums(f"marconi:alpha={a:g}", trace, ALPHA_SHIFT_CAP)[0]
+             for a in FIXED_ALPHAS}
+    table = {ph: {a: round(fixed[a][ph] / 1e15, 2) for a in FIXED_ALPHAS}
+             for ph in fixed[0.0]}  # PFLOP saved, for the messages
+    # (a)
+    assert list(table) == ["scan#1", "steady", "scan#2"]
+    for phase in ("scan#1", "scan#2"):
+        assert all(fixed[0.0][phase] >= CLEAR * fixed[a][phase] for a in FIXED_ALPHAS if a), \
+            table
+    steady_good = {a for a in FIXED_ALPHAS if fixed[a]["steady"] >= CLEAR * fixed[0.0]["steady"]}
+    assert steady_good and 0.0 not in steady_good, table
+    # (b)
+    window, period = 200, 50
+    bound = window + period
+    shadows = "/".join(f"{a:g}" for a in FIXED_ALPHAS)
+    online, alphas, cache = _phase_sums(
+        f"marconi:alpha=online:window={window}:period={period}:alphas={shadows}", trace,
+        ALPHA_SHIFT_CAP)
+    history = cache.online.history
+    assert set(alphas[:n]) == {0.0}, history                     # already at the best
+    steady = alphas[n + bound - 1:2 * n]
+    assert steady and set(steady) <= steady_good, (history, table["steady"])
+    assert set(alphas[2 * n + bound - 1:]) == {0.0}, history
+    # (c)
+    totals = {a: sum(fixed[a].values()) for a in FIXED_ALPHAS}
+    online_total = sum(online.values())
+    assert online_total >= 0.95 * max(totals.values()), (online_total, totals)
+    assert online_total > min(totals.values()), (online_total, totals)
 
 
 def _tiny_trace(seed):

@@ -50,7 +50,6 @@ from sglang_marconi.policy.cache import PrefixCache  # noqa: E402
 from sglang_marconi.policy.scoring import VictimQueue, flop_efficiency  # noqa: E402
 from sglang_marconi.sglang_integration.cache import MarconiUnifiedRadixCache  # noqa: E402
 from sglang_marconi.sglang_integration.components import (  # noqa: E402
-    PathLengths,
     state_recency,
 )
 from sglang_marconi.sglang_integration.invariants import check_idle, walk  # noqa: E402
@@ -141,7 +140,8 @@ class SGLangSide:
             max_context_len=longest + 4 * regime.page, extra_buffer=regime.extra_buffer,
             chunked_prefill_size=NEVER, mamba_track_interval=NEVER,
             mamba_cache_chunk_size=regime.mamba_chunk)
-        settings = MarconiSettings(alpha=alpha, max_states_per_request=cap)
+        settings = MarconiSettings(alpha=alpha, max_states_per_request=cap,
+                                   renormalise_limit=-1)
         cls = functools.partial(MarconiUnifiedRadixCache, spec=SPEC, settings=settings)
         self.cache = build_cache(self.pc, cache_class=cls, tree_core="python")[0]
         self.replayer = Replayer(self.cache, chunked_prefill_size=NEVER)
@@ -415,13 +415,12 @@ def test_same_scores_for_every_state(source, seed):
     cache = sgl.cache
     policy = cache.marconi
     root = cache.tree_core.root_node
-    depths = PathLengths(root)
     lru = cache.tree_core.lru_lists[MAMBA]
     sglang_scores, sim_scores = {}, {}
     x = lru.get_lru_no_lock()
     while x is not None:  # every state SGLang's walk would rank, least recent first
         path = sglang_path(x, root)
-        sglang_scores[path] = (state_recency(x), policy.state_pool_efficiency(x, depths))
+        sglang_scores[path] = (state_recency(x), policy.state_pool_efficiency(x))
         node = by_path[path]
         if tree.is_candidate(node):
             efficiency = tree.efficiency(node)
@@ -441,7 +440,7 @@ def test_same_scores_for_every_state(source, seed):
     component = cache.components[MAMBA]
     component._evict_device_start(1)
     try:
-        walk_order = [sglang_path(n, root) for n in component._queue.ordered()]
+        walk_order = [sglang_path(n, root) for n in component.queue.ordered()]
     finally:
         component._evict_device_end()
     reference = VictimQueue(1.0)

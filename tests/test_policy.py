@@ -164,3 +164,46 @@ def test_auto_alpha_tunes_after_bootstrap_window(paper_spec):
     assert set(tuner.scores) == {0.0, 0.5, 1.0}
     assert cache.alpha == min(a for a, s in tuner.scores.items()
                               if s == max(tuner.scores.values()))
+
+
+def test_victim_queue_suspend_keeps_a_candidates_place():
+    """A locked candidate leaves the ranking and comes back where it was among equal keys
+    (SGLang's lock/unlock of a state inserted with the same stamp as its neighbours)."""
+    q = VictimQueue(0.0)
+    for name in "abc":
+        q.update(name, 5.0, 1.0)  # equal keys: insertion order decides
+    q.suspend("a")
+    assert "a" not in q and len(q) == 2 and q.entry("a") == (5.0, 1.0)
+    q.update("a", 5.0, 2.0)  # re-scored while suspended: kept aside, not ranked
+    assert "a" not in q and q.ordered() == ["b", "c"]
+    q.resume("a")
+    assert q.ordered() == ["a", "b", "c"] and q.entry("a") == (5.0, 2.0)
+    q.suspend("b")
+    q.update("b", 6.0, 1.0)  # touched while locked: a new place
+    q.resume("b")
+    assert [q.pop_victim() for _ in range(3)] == ["a", "c", "b"]
+    q.update("d", 1.0, 0.0)
+    q.suspend("d")
+    q.discard("d")
+    q.resume("d")
+    assert "d" not in q and q.entry("d") is None and q.pop_victim() is None
+
+
+@pytest.mark.parametrize("mode,alpha", [("marconi", 0.0), ("gdsf", 0.0), ("marconi", 1.0)])
+def test_victim_queue_heap_stays_bounded(mode, alpha):
+    """Re-keying a few candidates many times (a long-running server) does not grow the heap
+    without bound, and the order is the one a fresh queue gives."""
+    q = VictimQueue(alpha, mode=mode)
+    for i in range(10):
+        q.update(i, float(i), float(10 - i))
+    for t in range(20_000):
+        node = t % 10
+        q.update(node, 10.0 + t, float(node))
+    assert len(q._heap) <= 2 * len(q) + 1024 + 1
+    fresh = VictimQueue(alpha, mode=mode)
+    for node in range(10):
+        r, e = q.entry(node)
+        fresh.update(node, r, e)
+    if mode == "marconi":
+        assert q.ordered() == fresh.ordered()
+    assert len(q.ordered()) == 10

@@ -73,9 +73,10 @@ def test_ab_numbers_are_consistent(ab_result):
 def test_ab_table_and_bad_input(mooncake_path):
     trace = str(mooncake_path)
     text = _run_cli("--trace", trace, "--model", "qwen3_next", "--kv-tokens", "300000",
-                    "--mamba-slots", "16", "--limit", "10", "--caches", "stock,marconi",
+                    "--mamba-slots", "16", "--limit", "10", "--caches", "stock,marconi,marconi+",
                     "--no-progress")
     assert "token hit rate" in text and "FLOPs saved" in text and "marconi" in text
+    assert "marconi+: reuse-weighted" in text and "end states skipped" in text
     with pytest.raises(UserError, match="longest request"):
         _run_cli("--trace", trace, "--model", "qwen3_next", "--kv-tokens", "1000",
                  "--mamba-slots", "16", "--limit", "3")

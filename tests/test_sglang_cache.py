@@ -33,8 +33,8 @@ FAST = settings(max_examples=30, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
-def marconi_cache(pc, alpha=1.0, max_states=2):
-    settings = MarconiSettings(alpha=alpha, max_states_per_request=max_states)
+def marconi_cache(pc, alpha=1.0, max_states=2, **extra):
+    settings = MarconiSettings(alpha=alpha, max_states_per_request=max_states, **extra)
     cls = functools.partial(MarconiUnifiedRadixCache, spec=SPEC, settings=settings)
     return build_cache(pc, cache_class=cls, tree_core="python")[0]
 
@@ -75,11 +75,15 @@ def replay_checked(cache, pc, requests):
 
 
 @pytest.mark.parametrize("pc", [PAGED, UNPAGED], ids=["extra_buffer", "no_buffer"])
-@pytest.mark.parametrize("alpha,max_states", [(1.0, 2), (2.0, -1)])
+@pytest.mark.parametrize("alpha,max_states,extra", [
+    (1.0, 2, {}), (2.0, -1, {}), (1.0, -1, {"renormalise_limit": 0}),
+    (0.0, -1, {"plus": True})], ids=["a1-cap2", "a2", "a1-amortised", "marconi+"])
 @FAST
 @given(specs=request_specs())
-def test_invariants_hold_for_random_sequences(pc, alpha, max_states, specs):
-    cache = marconi_cache(pc, alpha, max_states)
+def test_invariants_hold_for_random_sequences(pc, alpha, max_states, extra, specs):
+    """SGLang's invariants and the victim queues' consistency (``check_idle``) after every
+    request, aborts included."""
+    cache = marconi_cache(pc, alpha, max_states, **extra)
     replay_checked(cache, pc, to_requests(specs))
 
 

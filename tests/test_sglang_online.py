@@ -20,6 +20,7 @@ from sglang_marconi.model import HybridModelSpec  # noqa: E402
 from sglang_marconi.policy.cache import PrefixCache  # noqa: E402
 from sglang_marconi.policy.online import OnlineAlpha  # noqa: E402
 from sglang_marconi.sglang_integration.cache import MarconiUnifiedRadixCache  # noqa: E402
+from sglang_marconi.sglang_integration.components import MAMBA  # noqa: E402
 from sglang_marconi.sglang_integration.invariants import check_idle  # noqa: E402
 from sglang_marconi.sglang_integration.options import (  # noqa: E402
     ENV_ALPHA,
@@ -135,14 +136,14 @@ def test_the_cache_follows_online_alpha_on_a_replayed_trace():
     # the reference: OnlineAlpha fed the same stream, with shadows built the same way
     reference = OnlineAlpha(policy._make_shadow, alphas=(0.0, 2.0), window=20, period=5)
     walk_alphas = []  # (alpha each eviction walk ranked with, the reference's alpha then)
-    victim_queue = policy.victim_queue
+    component = cache.components[MAMBA]
+    walk_start = component._evict_device_start
 
-    def probe(candidates):
-        queue = victim_queue(candidates)
-        walk_alphas.append((queue.alpha, reference.alpha))
-        return queue
+    def probe(request_cnt):
+        walk_start(request_cnt)
+        walk_alphas.append((component.queue.alpha, reference.alpha))
 
-    policy.victim_queue = probe
+    component._evict_device_start = probe
     replayer = Replayer(cache, chunked_prefill_size=POOLS.chunked_prefill_size)
     for i, (inp, out) in enumerate(requests):
         replayer.run(ReplayRequest(f"r{i}", array("q", inp), out))

@@ -69,3 +69,10 @@ def test_factories_build_the_marconi_cache(monkeypatch):
                                    marconi_max_states_per_request=-1)
     cache = native_cache_factory(_ctx(build_pools(pc)[0]), memory)  # the patch's path
     assert cache.marconi.settings.auto_alpha and cache.marconi.tuner.multiplier == 15.0
+    memory = types.SimpleNamespace(cache_policy="marconi+", marconi_alpha="auto",
+                                   marconi_bootstrap_multiplier=5.0,
+                                   marconi_max_states_per_request=-1,
+                                   marconi_renormalise_limit=-1)
+    cache = native_cache_factory(_ctx(build_pools(pc)[0]), memory)
+    assert cache.marconi.settings.plus and cache.marconi.ghost is not None
+    assert cache.marconi.tuner is None and cache.marconi.settings.renormalise_limit == -1

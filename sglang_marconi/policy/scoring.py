@@ -49,7 +49,10 @@ class VictimQueue:
     """Candidates ordered by utility; ``pop_victim`` returns the lowest. O(log n) amortised.
 
     Nodes may be any hashable objects. ``update(node, recency, efficiency)`` inserts or
-    re-keys a candidate, ``discard(node)`` removes one.
+    re-keys a candidate, ``discard(node)`` removes one. ``suspend(node)`` takes a candidate
+    out of the ranking while it cannot be evicted (locked) and ``resume(node)`` puts it
+    back with its place among equal keys (its insertion order) kept; ``update`` on a
+    suspended node changes what ``resume`` restores.
     """
 
     def __init__(self, alpha: float = 0.0, mode: str = "marconi"):
@@ -59,6 +62,7 @@ class VictimQueue:
         self.alpha = float(alpha)
         self.clock = 0.0  # gdsf: the inflation value L
         self._live: dict = {}  # node -> (version, recency, efficiency, seq, base)
+        self._suspended: dict = {}  # node -> its entry while suspended
         self._heap: list = []
         self._version = itertools.count()
         self._seq = itertools.count()  # insertion order: LRU tie-break
@@ -91,20 +95,57 @@ class VictimQueue:
         _, r, e, _, base = self._live[node]
         return self._key(r, e, base)
 
+    def entry(self, node):
+        """(recency, efficiency) the queue holds for ``node`` (live or suspended), or None."""
+        old = self._live.get(node) or self._suspended.get(node)
+        return None if old is None else (old[1], old[2])
+
     def update(self, node, recency: float, efficiency: float) -> None:
-        old = self._live.get(node)
+        suspended = node in self._suspended
+        old = self._suspended[node] if suspended else self._live.get(node)
         if old is not None and old[1] == recency and old[2] == efficiency:
             return
         same_touch = old is not None and old[1] == recency
         seq = old[3] if same_touch else next(self._seq)
         base = old[4] if same_touch else self.clock
         version = next(self._version)
+        if suspended:
+            self._suspended[node] = (version, recency, efficiency, seq, base)
+            return
         self._live[node] = (version, recency, efficiency, seq, base)
         heapq.heappush(self._heap, (self._key(recency, efficiency, base), seq, version, node))
         self._pushes += 1
+        self._maybe_compact()
 
     def discard(self, node) -> None:
         self._live.pop(node, None)
+        self._suspended.pop(node, None)
+
+    def suspend(self, node) -> None:
+        entry = self._live.pop(node, None)
+        if entry is not None:
+            self._suspended[node] = entry
+
+    def resume(self, node) -> None:
+        entry = self._suspended.pop(node, None)
+        if entry is not None:
+            _, r, e, seq, base = entry
+            version = next(self._version)
+            self._live[node] = (version, r, e, seq, base)
+            heapq.heappush(self._heap, (self._key(r, e, base), seq, version, node))
+            self._pushes += 1
+            self._maybe_compact()
+
+    def _maybe_compact(self) -> None:
+        # Stale entries are skipped when they surface; without a renormalising rebuild
+        # (alpha 0, gdsf) they would pile up in a long-running cache. Dropping them keeps
+        # every key (same bounds), so the order, and every decision, is unchanged.
+        heap = self._heap
+        if len(heap) > 2 * len(self._live) + 1024:
+            live = self._live
+            self._heap = [item for item in heap
+                          if (entry := live.get(item[3])) is not None and entry[0] == item[2]]
+            heapq.heapify(self._heap)
 
     def refresh(self) -> None:
         """Re-normalise over the current candidates now (e.g. after loading many at once)."""

@@ -9,6 +9,7 @@ wall time of the cache bookkeeping per request.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 import statistics
@@ -17,6 +18,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from sglang_marconi.sglang_integration.options import MarconiSettings
 from sglang_marconi.sglang_integration.pools import PoolConfig, build_cache
 from sglang_marconi.sglang_integration.replay import Replayer, ReplayRequest
 
@@ -25,6 +27,7 @@ CACHES = {
     "stock": ("rust", False),         # UnifiedRadixCache, compiled tree core (SGLang's default)
     "stock-python": ("python", False),  # UnifiedRadixCache, python tree core
     "marconi": ("python", True),      # MarconiUnifiedRadixCache (components force python)
+    "marconi+": ("python", True),     # the same with settings.plus (docs/beyond.md)
 }
 
 
@@ -87,7 +90,10 @@ def make_cache(name: str, cfg: ABConfig):
     if is_marconi:
         from sglang_marconi.sglang_integration.cache import MarconiUnifiedRadixCache
 
-        cache_class = functools.partial(MarconiUnifiedRadixCache, settings=cfg.settings,
+        settings = cfg.settings or MarconiSettings()
+        if name == "marconi+":
+            settings = dataclasses.replace(settings, plus=True, alpha=0.0)
+        cache_class = functools.partial(MarconiUnifiedRadixCache, settings=settings,
                                         spec=cfg.spec)
     return build_cache(cfg.pools, cache_class=cache_class, tree_core=core)
 

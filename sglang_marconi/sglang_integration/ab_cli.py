@@ -9,7 +9,8 @@ import warnings
 
 from sglang_marconi.errors import UserError
 
-CACHE_NAMES = ("stock", "stock-python", "marconi")
+CACHE_NAMES = ("stock", "stock-python", "marconi", "marconi+")
+DEFAULT_CACHES = ("stock", "stock-python", "marconi")
 
 ROWS = (  # (label, key, format)
     ("token hit rate", "token_hit_rate", "{:.2%}"),
@@ -51,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mamba-track-interval", type=_positive, default=256)
     parser.add_argument("--limit", type=_positive, default=None,
                         help="replay only the first N requests")
-    parser.add_argument("--caches", default=",".join(CACHE_NAMES),
+    parser.add_argument("--caches", default=",".join(DEFAULT_CACHES),
                         help=f"comma-separated subset of {', '.join(CACHE_NAMES)}")
     parser.add_argument("--marconi-alpha", default="auto",
                         help="number >= 0, auto (bootstrap tuning; default) or online "
@@ -134,8 +135,12 @@ def format_table(results: dict) -> str:
                 tuned = (f" (online, now; {online['switches']} switches; shadows: "
                          f"{online['time_ratio']:.2f}x the cache's bookkeeping time, "
                          f"{online['memory_ratio']:.2f}x its token ids)")
-            lines.append(f"{n}: alpha={m['alpha']:g}{tuned}; admitted "
-                         f"{adm}; rejected {m['states_rejected']}; evicted {ev}")
+            plus = m.get("alpha_mode") == "marconi+"
+            skipped = f"; end states skipped {m['end_states_skipped']}" if plus else ""
+            policy = ("reuse-weighted FLOPs per byte with GDSF aging (no alpha)" if plus
+                      else f"alpha={m['alpha']:g}{tuned}")
+            lines.append(f"{n}: {policy}; admitted "
+                         f"{adm}; rejected {m['states_rejected']}{skipped}; evicted {ev}")
     return "\n".join(lines)
 
 

@@ -2,6 +2,7 @@
 in each scheduler process to build the tree cache."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 
@@ -70,5 +71,10 @@ def native_cache_factory(ctx, memory):
                                            default.online_alphas)),
         online_window=int(getattr(memory, "marconi_online_window", default.online_window)),
         online_sample=float(getattr(memory, "marconi_online_sample",
-                                    default.online_sample)))
+                                    default.online_sample)),
+        renormalise_limit=int(getattr(memory, "marconi_renormalise_limit",
+                                      default.renormalise_limit)),
+        plus=getattr(memory, "cache_policy", "marconi") == "marconi+")
+    if settings.plus:
+        settings = dataclasses.replace(settings, alpha=0.0)
     return marconi_cache_factory(ctx, settings)

@@ -57,9 +57,16 @@ class MarconiUnifiedRadixCache(UnifiedRadixCache):
         self.marconi.exporter = make_exporter(self)
         if self.marconi.exporter is not None:
             self.marconi.exporter.set_alpha(self.marconi.alpha)
-        logger.info("Marconi cache: spec=%s alpha=%s max_states_per_request=%s",
-                    spec.name, self.marconi.settings.alpha,
+        logger.info("Marconi cache: spec=%s policy=%s alpha=%s max_states_per_request=%s",
+                    spec.name, "marconi+" if self.marconi.settings.plus else "marconi",
+                    self.marconi.settings.alpha,
                     self.marconi.settings.max_states_per_request)
+
+    def reset(self) -> None:
+        """SGLang's reset (a new, empty tree), then fresh victim queues over it."""
+        super().reset()
+        for ct in (ComponentType.MAMBA, ComponentType.FULL):
+            self.components[ct].reset_queue()
 
     @property
     def marconi_stats(self) -> MarconiStats:
@@ -90,6 +97,8 @@ class MarconiUnifiedRadixCache(UnifiedRadixCache):
         if (result.mamba_branching_seqlen is not None and self.marconi.capped
                 and self._extends_kv_leaf(result)):
             result = result._replace(mamba_branching_seqlen=None)
+        if params.req is not None:
+            result = self.marconi.ghost_branch(params.req, result)
         if params.req is not None:
             self.marconi.on_match(params.req, result)
         return result

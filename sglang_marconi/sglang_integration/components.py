@@ -18,6 +18,25 @@ FULL (the token pool): the stock walk pops evictable leaves oldest ``last_access
 first; here the same leaves are ranked by the same utility with recency =
 ``last_access_time``.
 
+Persistent queues: no eviction walk rescans the tree. Each component keeps one
+``VictimQueue`` for the life of the tree and re-keys a candidate only where its inputs
+change: the MAMBA queue holds the unlocked states (stamped at a hit or an insert,
+suspended while locked, dropped with the state); the FULL queue holds
+``evictable_device_leaves``, whose set reports every leaf that enters or leaves it
+(``_LeafSet``); a leaf's ``last_access_time`` moves on every match through it without a
+hook, so the FULL walk re-keys a popped leaf whose time has moved on and pops again (a
+later time only raises a key, so the order of what is evicted is the order of the current
+keys). A state that appears or goes changes the nearest checkpointed ancestor, hence the
+FLOP efficiency, of the states below it down to the next state: they are re-keyed then
+(``rekey_state_change``). Token depths are cached on the node (a node's end depth never
+changes: a split inserts a new parent and keeps the child's end). The min-max bounds of
+the normalisation are refreshed over the current candidates at the start of every walk
+(the paper's rule) while a queue holds at most ``MarconiSettings.renormalise_limit``
+candidates (1024: a bounded pass of simple arithmetic, no tree walks), and the
+simulator's amortised way above that, so an eviction costs O(log n) at any size. With the
+per-walk rule ``tests/test_parity.py`` checks that the simulator (``renormalise=True``)
+and this cache evict the same states.
+
 FLOP efficiency (``scoring.flop_efficiency``) = FLOPs a hit at the node saves over a hit
 at its nearest ancestor that still holds a state, per byte freed *in the pool being
 evicted*: one SSM state (``ssm_state_bytes``) in the state pool, the node's own KV tokens
@@ -25,8 +44,6 @@ evicted*: one SSM state (``ssm_state_bytes``) in the state pool, the node's own 
 separately, so a victim is ranked by what it gives back to the pool that is short.
 """
 from __future__ import annotations
-
-from typing import Optional
 
 from sglang.srt.mem_cache.unified_cache.components.base import (
     ComponentType,
@@ -36,13 +53,16 @@ from sglang.srt.mem_cache.unified_cache.components.base import (
 from sglang.srt.mem_cache.unified_cache.components.full import FullComponent
 from sglang.srt.mem_cache.unified_cache.components.mamba import MambaComponent
 
+from sglang_marconi.policy.scoring import VictimQueue
+
 MAMBA = ComponentType.MAMBA
 FULL = ComponentType.FULL
 STAMP = "marconi_used"  # ComponentData.metadata key: when the state was last used
+DEPTH = "_marconi_depth"  # node attribute: tokens from the root to the node's end
 INSERT_OFFSET = 0.5  # an insert is stamped after the latest match, before the next one
 
 
-def _stamp(node, clock: int) -> None:
+def _stamp(node, clock: float) -> None:
     node.component_data[MAMBA].metadata[STAMP] = clock
 
 
@@ -51,48 +71,129 @@ def state_recency(node) -> float:
     return node.component_data[MAMBA].metadata.get(STAMP, 0)
 
 
-class PathLengths:
-    """Token depth of nodes and of their nearest ancestor holding a state, memoised for
-    one eviction walk (the tree does not change shape between two victims' scoring)."""
-
-    def __init__(self, root):
-        self.root = root
-        self._depth = {id(root): 0}
-
-    def depth(self, node) -> int:
-        chain = []
-        while id(node) not in self._depth:
-            chain.append(node)
-            node = node.parent
-        d = self._depth[id(node)]
-        for n in reversed(chain):
-            d += len(n.key)
-            self._depth[id(n)] = d
-        return d
-
-    def state_ancestor_depth(self, node) -> int:
-        p = node.parent
-        while p is not None and p is not self.root:
-            if p.component_data[MAMBA].value is not None:
-                return self.depth(p)
-            p = p.parent
-        return 0
+def has_state(node) -> bool:
+    return node.component_data[MAMBA].value is not None
 
 
-class MarconiMambaComponent(MambaComponent):
+def token_depth(node) -> int:
+    """Tokens from the root to the end of ``node``, cached on the nodes it walks."""
+    chain = []
+    while node is not None and getattr(node, DEPTH, None) is None:
+        chain.append(node)
+        node = node.parent
+    d = 0 if node is None else getattr(node, DEPTH)
+    for n in reversed(chain):
+        d += len(n.key) if n.parent is not None else 0
+        setattr(n, DEPTH, d)
+    return d
+
+
+def state_ancestor_depth(node) -> int:
+    """Token depth of the nearest proper ancestor holding a state (0: the root)."""
+    p = node.parent
+    while p is not None and p.parent is not None:
+        if has_state(p):
+            return token_depth(p)
+        p = p.parent
+    return 0
+
+
+def rekey_state_change(cache, node) -> None:
+    """``node`` gained or lost its state: re-key it in the FULL queue and every state below
+    it whose nearest checkpointed ancestor it now is or was (both queues)."""
+    mamba, full = cache.components[MAMBA], cache.components[FULL]
+    full.track(node)
+    stack = list(node.children.values())
+    while stack:
+        x = stack.pop()
+        if has_state(x):
+            mamba.track(x)
+            full.track(x)
+        else:
+            stack.extend(x.children.values())
+
+
+class _ScoredQueue:
+    """The persistent victim queue of one component and the walk-start refresh."""
+
+    queue = None
+
+    def reset_queue(self) -> None:
+        policy = self.cache.marconi
+        self.queue = VictimQueue(policy.alpha, mode=policy.queue_mode)
+
+    def _walk_start(self) -> None:
+        policy = self.cache.marconi
+        if self.queue.mode == "gdsf":
+            return  # aged keys need no normalisation
+        self.queue.set_alpha(policy.alpha)
+        limit = policy.settings.renormalise_limit
+        if self.queue.alpha and (limit < 0 or len(self.queue) <= limit):
+            self._resync()
+            self.queue.refresh()
+
+    def _resync(self) -> None:
+        """Before a per-walk renormalisation: inputs that move without a hook."""
+
+
+class MarconiMambaComponent(_ScoredQueue, MambaComponent):
     """MAMBA component: Marconi admission of intermediate states and scored eviction."""
 
-    _queue = None
+    def track(self, node) -> None:
+        """(Re-)key ``node``'s state, or drop it from the queue if it has none."""
+        if self.queue is None:
+            return
+        cd = node.component_data[MAMBA]
+        if cd.value is None:
+            self.queue.discard(node)
+            return
+        self.queue.update(node, state_recency(node), self.cache.marconi.state_pool_efficiency(node))
+        if cd.lock_ref > 0:
+            self.queue.suspend(node)
 
     # -- recency: the events that move a state in the stock MAMBA LRU ----------------------
     def refresh_lru(self, phase, node, root_node) -> None:
         super().refresh_lru(phase, node, root_node)
-        if phase == LRURefreshPhase.MATCH_END and node.component_data[MAMBA].value is not None:
+        if phase == LRURefreshPhase.MATCH_END and has_state(node):
             _stamp(node, self.cache.marconi.clock)
+            self.cache.marconi.record_hit(node)
+            self.track(node)
 
     def commit_insert_component_data(self, node, is_new_leaf, params, result, cache_actions):
+        had = has_state(node)
         super().commit_insert_component_data(node, is_new_leaf, params, result, cache_actions)
         _stamp(node, self.cache.marconi.clock + INSERT_OFFSET)
+        self.track(node)
+        if not had:
+            rekey_state_change(self.cache, node)
+
+    def evict_component(self, node, device_frees, host_frees, cache_actions,
+                        target=EvictLayer.DEVICE):
+        had = has_state(node)
+        out = super().evict_component(node, device_frees, host_frees, cache_actions,
+                                      target=target)
+        if had and not has_state(node):
+            if self.queue is not None:
+                self.queue.discard(node)
+            rekey_state_change(self.cache, node)
+        return out
+
+    # -- locks: a locked state is not a candidate -------------------------------------------
+    def acquire_component_lock(self, node, result, lock_host=False):
+        out = super().acquire_component_lock(node, result, lock_host)
+        if (not lock_host and self.queue is not None
+                and node.component_data[MAMBA].lock_ref == 1):
+            self.queue.suspend(node)
+        return out
+
+    def release_component_lock(self, node, params, lock_host=False):
+        super().release_component_lock(node, params, lock_host)
+        cd = node.component_data[MAMBA]
+        if not lock_host and self.queue is not None and cd.lock_ref == 0:
+            if node in self.queue or self.queue.entry(node) is None:
+                self.track(node)
+            else:
+                self.queue.resume(node)
 
     # -- admission ---------------------------------------------------------------------------
     def prepare_for_caching_req(self, req, insert_params, token_ids_len, is_finished):
@@ -126,23 +227,15 @@ class MarconiMambaComponent(MambaComponent):
             raise NotImplementedError("Marconi does not support --enable-session-radix-cache")
         self._evict_device_request_cnt = request_cnt
         self._evict_device_cursor = None
-        policy = self.cache.marconi
-        lengths = PathLengths(self.tree_core.root_node)
-        lru = self.tree_core.lru_lists[MAMBA]
-        candidates = []
-        x = lru.get_lru_no_lock()
-        while x is not None:
-            candidates.append((x, state_recency(x), policy.state_pool_efficiency(x, lengths)))
-            x = lru.get_prev_no_lock(x)
-        self._queue = policy.victim_queue(candidates)
+        self._walk_start()
 
     def _evict_device_next_node(self, tracker, device_frees, host_frees, cache_actions):
         ct = MAMBA
-        if self._queue is None or tracker[ct] >= self._evict_device_request_cnt:
+        if tracker[ct] >= self._evict_device_request_cnt:
             return None
         lru = self.tree_core.lru_lists[ct]
         while True:
-            x = self._queue.pop_victim()
+            x = self.queue.pop_victim()
             if x is None:
                 return None
             cd = x.component_data[ct]
@@ -160,50 +253,98 @@ class MarconiMambaComponent(MambaComponent):
         return None
 
     def _evict_device_end(self) -> None:
-        self._queue = None
         self._evict_device_cursor = None
 
 
-class MarconiFullComponent(FullComponent):
+class _LeafSet(set):
+    """``evictable_device_leaves`` that tells the FULL component who enters and leaves."""
+
+    def __init__(self, component, items=()):
+        super().__init__(items)
+        self._component = component
+
+    def add(self, node) -> None:
+        super().add(node)
+        self._component.track(node)
+        self._component.children_changed(node)
+
+    def discard(self, node) -> None:
+        super().discard(node)
+        self._component.untrack(node)
+        self._component.children_changed(node)
+
+    def remove(self, node) -> None:
+        super().remove(node)
+        self._component.untrack(node)
+
+    def clear(self) -> None:
+        super().clear()
+        self._component.reset_queue()
+
+
+class MarconiFullComponent(_ScoredQueue, FullComponent):
     """FULL component: evictable leaves leave in utility order instead of LRU order."""
 
-    _queue = None
-    _lengths: Optional[PathLengths] = None
+    def reset_queue(self) -> None:
+        super().reset_queue()
+        leaves = self.tree_core.evictable_device_leaves
+        if not isinstance(leaves, _LeafSet):
+            self.tree_core.evictable_device_leaves = _LeafSet(self, leaves)
+        for node in self.tree_core.evictable_device_leaves:
+            self.track(node)
+
+    def track(self, node) -> None:
+        if self.queue is None or node not in self.tree_core.evictable_device_leaves:
+            return
+        self.queue.update(node, node.last_access_time,
+                          self.cache.marconi.kv_pool_efficiency(node))
+
+    def untrack(self, node) -> None:
+        if self.queue is not None:
+            self.queue.discard(node)
+
+    def children_changed(self, node) -> None:
+        """The tree re-evaluates a node's leaf status when its children change: marconi+
+        weighs a state by the most children its node had (a branch point)."""
+        if self.cache.marconi.reuse is not None and has_state(node):
+            self.cache.components[MAMBA].track(node)
+
+    def _resync(self) -> None:
+        """Leaves matched since they were keyed get their current time (efficiencies are
+        kept current by the hooks)."""
+        queue = self.queue
+        for node in self.tree_core.evictable_device_leaves:
+            entry = queue.entry(node)
+            if entry is None:
+                self.track(node)
+            elif entry[0] != node.last_access_time:
+                queue.update(node, node.last_access_time, entry[1])
 
     def _evict_device_start(self, request_cnt: int) -> None:
         if self.cache.enable_session_radix_cache:
             raise NotImplementedError("Marconi does not support --enable-session-radix-cache")
         self._evict_device_request_cnt = request_cnt
-        self._evict_device_last_node = None
-        policy = self.cache.marconi
-        self._lengths = PathLengths(self.tree_core.root_node)
-        self._queue = policy.victim_queue(
-            (n, n.last_access_time, policy.kv_pool_efficiency(n, self._lengths))
-            for n in self.tree_core.evictable_device_leaves)
+        self._walk_start()
 
     def _evict_device_next_node(self, tracker, device_frees, host_frees, cache_actions):
         ct = FULL
         leaves = self.tree_core.evictable_device_leaves
-        policy = self.cache.marconi
-        last = self._evict_device_last_node
-        if last is not None and last.parent is not None and last.parent in leaves:
-            parent = last.parent
-            self._queue.update(parent, parent.last_access_time,
-                               policy.kv_pool_efficiency(parent, self._lengths))
-        self._evict_device_last_node = None
+        queue = self.queue
         while tracker[ct] < self._evict_device_request_cnt:
-            x = self._queue.pop_victim()
+            x = queue.peek_victim()
             if x is None:
                 return None
-            if x not in leaves:
+            if x not in leaves:  # not reported by the set (cannot happen): drop it
+                queue.discard(x)
                 continue
-            self._evict_device_last_node = x
-            if x.component_data[MAMBA].value is not None:
-                policy.state_evicted("kv_pool_leaf")
+            if queue.entry(x)[0] != x.last_access_time:  # matched since: re-key, look again
+                self.track(x)
+                continue
+            queue.pop_victim()
+            if has_state(x):
+                self.cache.marconi.state_evicted("kv_pool_leaf")
             return x.id
         return None
 
     def _evict_device_end(self) -> None:
-        self._queue = None
-        self._lengths = None
-        self._evict_device_last_node = None
+        pass

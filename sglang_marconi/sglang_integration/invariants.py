@@ -3,9 +3,14 @@
 - evictable + protected = what the tree holds, for KV tokens and for SSM states;
 - with no request running: nothing is protected, every lock count is zero, and every slot
   is either free in its allocator or held by the tree (no leak);
+- Marconi's persistent victim queues hold exactly the candidates (unlocked states; the
+  evictable leaves) with the inputs a fresh computation gives (a leaf's recency may lag
+  its ``last_access_time``: the walk re-keys it when popped);
 - ``guard_locked_evictions`` makes evicting data that a lock protects fail loudly.
 """
 from __future__ import annotations
+
+import math
 
 from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 
@@ -50,7 +55,37 @@ def check_sizes(cache) -> dict:
         f"states: evictable {st_ev} + protected {st_pr} != {h['states']}")
     assert st_pr == h["states_locked"], (
         f"states protected {st_pr} != locked states {h['states_locked']}")
+    if hasattr(cache, "marconi"):
+        check_queues(cache)
     return h
+
+
+def check_queues(cache) -> None:
+    """The persistent victim queues agree with the tree (see the module docstring)."""
+    from sglang_marconi.sglang_integration.components import state_recency
+
+    policy = cache.marconi
+    mamba_q = cache.components[MAMBA].queue
+    full_q = cache.components[FULL].queue
+    leaves = cache.tree_core.evictable_device_leaves
+    for node in walk(cache):
+        cd = node.component_data[MAMBA]
+        if cd.value is None:
+            assert mamba_q.entry(node) is None, f"node {node.id}: no state, still queued"
+        else:
+            assert (node in mamba_q) == (cd.lock_ref == 0), (
+                f"node {node.id}: lock_ref {cd.lock_ref}, queued {node in mamba_q}")
+            r, e = mamba_q.entry(node)
+            assert r == state_recency(node), f"node {node.id}: recency {r}"
+            assert math.isclose(e, policy.state_pool_efficiency(node), rel_tol=1e-9), (
+                f"node {node.id}: state efficiency {e}")
+        assert (node in full_q) == (node in leaves), (
+            f"node {node.id}: evictable leaf {node in leaves}, queued {node in full_q}")
+        if node in leaves:
+            r, e = full_q.entry(node)
+            assert r <= node.last_access_time, f"leaf {node.id}: recency ahead of the tree"
+            assert math.isclose(e, policy.kv_pool_efficiency(node), rel_tol=1e-9), (
+                f"leaf {node.id}: KV efficiency {e}")
 
 
 def check_idle(cache) -> dict:

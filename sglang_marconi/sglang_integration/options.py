@@ -15,13 +15,15 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 BACKEND_NAME = "marconi"
-POLICIES = ("lru", "marconi")
+POLICIES = ("lru", "marconi", "marconi+")
 ENV_ALPHA = "SGLANG_MARCONI_ALPHA"
 ENV_BOOTSTRAP = "SGLANG_MARCONI_BOOTSTRAP_MULTIPLIER"
 ENV_MAX_STATES = "SGLANG_MARCONI_MAX_STATES_PER_REQUEST"
 ENV_ONLINE_ALPHAS = "SGLANG_MARCONI_ONLINE_ALPHAS"
 ENV_ONLINE_WINDOW = "SGLANG_MARCONI_ONLINE_WINDOW"
 ENV_ONLINE_SAMPLE = "SGLANG_MARCONI_ONLINE_SAMPLE"
+ENV_RENORMALISE = "SGLANG_MARCONI_RENORMALISE_LIMIT"
+ENV_PLUS = "SGLANG_MARCONI_PLUS"
 ALPHA_MODES = ("auto", "online")
 
 # flags that the Marconi cache cannot honour (dest -> reason)
@@ -48,9 +50,27 @@ class MarconiSettings:
     online_alphas: tuple = (0.0, 0.5, 1.0, 2.0)
     online_window: int = 200
     online_sample: float = 1.0
+    # refresh the min-max bounds of the utility over all candidates at every eviction walk
+    # (the paper's rule, O(candidates) per walk) while a queue holds at most this many
+    # candidates; above it, the amortised refresh (O(log n) per eviction). -1: always.
+    renormalise_limit: int = 1024
+    # marconi+ (docs/beyond.md): victims ranked by reuse-weighted FLOPs saved per byte with
+    # GDSF aging (no alpha), a ghost index of ``ghost_factor`` x the KV pool's tokens for
+    # branch points past evictions, end-of-request states admitted while their measured
+    # reuse rate is >= ``end_threshold``
+    plus: bool = False
+    ghost_factor: float = 10.0
+    end_threshold: float = 0.05
 
     def __post_init__(self):
         parse_alpha(self.alpha)
+        if not (isinstance(self.renormalise_limit, int) and self.renormalise_limit >= -1):
+            raise ValueError("--marconi-renormalise-limit must be an integer >= -1, "
+                             f"got {self.renormalise_limit!r}")
+        if not self.ghost_factor >= 0:
+            raise ValueError(f"ghost_factor must be >= 0, got {self.ghost_factor}")
+        if not 0 <= self.end_threshold <= 1:
+            raise ValueError(f"end_threshold must be in [0, 1], got {self.end_threshold}")
         if not self.bootstrap_multiplier > 0:
             raise ValueError("--marconi-bootstrap-multiplier must be > 0, "
                              f"got {self.bootstrap_multiplier}")
@@ -84,7 +104,9 @@ class MarconiSettings:
                 ENV_MAX_STATES: str(int(self.max_states_per_request)),
                 ENV_ONLINE_ALPHAS: ",".join(repr(a) for a in self.online_alphas),
                 ENV_ONLINE_WINDOW: str(int(self.online_window)),
-                ENV_ONLINE_SAMPLE: repr(float(self.online_sample))}
+                ENV_ONLINE_SAMPLE: repr(float(self.online_sample)),
+                ENV_RENORMALISE: str(int(self.renormalise_limit)),
+                ENV_PLUS: "1" if self.plus else "0"}
 
     @classmethod
     def from_env(cls, environ=None) -> "MarconiSettings":
@@ -101,9 +123,20 @@ class MarconiSettings:
                                                    default.online_alphas)),
                 online_window=int(env.get(ENV_ONLINE_WINDOW, default.online_window)),
                 online_sample=float(env.get(ENV_ONLINE_SAMPLE, default.online_sample)),
+                renormalise_limit=int(env.get(ENV_RENORMALISE, default.renormalise_limit)),
+                plus=_parse_bool(env.get(ENV_PLUS, "0"), ENV_PLUS),
             )
         except (TypeError, ValueError) as exc:
             raise ValueError(f"bad SGLANG_MARCONI_* setting: {exc}") from None
+
+
+def _parse_bool(text, name: str) -> bool:
+    value = str(text).strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"{name} must be 0 or 1, got {text!r}")
 
 
 def parse_alpha(text) -> Union[float, str]:
@@ -157,7 +190,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--cache-policy", dest="cache_policy", choices=POLICIES, default=None,
                        help="Prefix-cache eviction/admission policy for hybrid attention+SSM "
                             "models: lru = stock SGLang (default), marconi = FLOP-aware "
-                            "Marconi (MLSys 2025).")
+                            "Marconi (MLSys 2025), marconi+ = Marconi with reuse "
+                            "likelihood, a ghost index and learned end-state admission "
+                            "(no alpha; docs/beyond.md).")
     group.add_argument("--marconi-alpha", dest="marconi_alpha", type=_alpha_arg, default=None,
                        help="Weight of FLOP efficiency against recency (0 = LRU), 'auto' "
                             "to tune it once from the first requests, or 'online' to follow "
@@ -172,6 +207,13 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                             "and the final state first, then chunk-boundary states (2 = the "
                             "paper's admission; default -1 = no cap: SGLang's own states, "
                             "with FLOP-aware eviction deciding which to keep).")
+    group.add_argument("--marconi-renormalise-limit", dest="marconi_renormalise_limit",
+                       type=int, default=None,
+                       help="Refresh the min-max normalisation of the utility over all "
+                            "candidates at every eviction walk, as the paper does, while a "
+                            "pool has at most this many eviction candidates; above it the "
+                            "refresh is amortised (O(log n) per eviction). -1: always per "
+                            "walk; 0: always amortised (default 1024).")
     group.add_argument("--marconi-online-alphas", dest="marconi_online_alphas",
                        type=_alphas_arg, default=None,
                        help="With --marconi-alpha online: the alphas of the shadow caches, "
@@ -195,10 +237,14 @@ def settings_from_namespace(args) -> Optional[MarconiSettings]:
     make sense with it.
     """
     policy = getattr(args, "cache_policy", None) or "lru"
+    plus = policy == "marconi+"
+    if plus:
+        policy = "marconi"
     given = {name: getattr(args, dest, None) for name, dest in (
         ("--marconi-alpha", "marconi_alpha"),
         ("--marconi-bootstrap-multiplier", "marconi_bootstrap_multiplier"),
         ("--marconi-max-states-per-request", "marconi_max_states"),
+        ("--marconi-renormalise-limit", "marconi_renormalise_limit"),
         *_ONLINE_FLAGS)}
     backend = getattr(args, "radix_cache_backend", None)
     if policy != "marconi":
@@ -219,6 +265,15 @@ def settings_from_namespace(args) -> Optional[MarconiSettings]:
                          f"--radix-eviction-policy {eviction}")
     default = MarconiSettings()
     alpha = default.alpha if given["--marconi-alpha"] is None else given["--marconi-alpha"]
+    if plus:
+        stray = [name for name in ("--marconi-alpha", "--marconi-bootstrap-multiplier",
+                                   "--marconi-renormalise-limit",
+                                   *(n for n, _ in _ONLINE_FLAGS))
+                 if given[name] is not None]
+        if stray:
+            raise ValueError(f"{', '.join(stray)}: marconi+ has no alpha (it ranks by "
+                             "reuse-weighted FLOPs per byte); use --cache-policy marconi")
+        alpha = 0.0
     online = [name for name, _ in _ONLINE_FLAGS if given[name] is not None]
     if online and alpha != "online":
         raise ValueError(f"{', '.join(online)}: only apply with --marconi-alpha online")
@@ -234,6 +289,8 @@ def settings_from_namespace(args) -> Optional[MarconiSettings]:
         online_alphas=pick("--marconi-online-alphas", "online_alphas"),
         online_window=pick("--marconi-online-window", "online_window"),
         online_sample=pick("--marconi-online-sample", "online_sample"),
+        renormalise_limit=pick("--marconi-renormalise-limit", "renormalise_limit"),
+        plus=plus,
     )
 
 

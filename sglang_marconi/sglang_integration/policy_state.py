@@ -43,10 +43,13 @@ import logging
 from dataclasses import dataclass
 from typing import Optional
 
-from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
-
 from sglang_marconi.policy.admission import branch_checkpoint
-from sglang_marconi.policy.scoring import VictimQueue, flop_efficiency
+from sglang_marconi.policy.scoring import flop_efficiency
+from sglang_marconi.sglang_integration.components import (
+    has_state,
+    state_ancestor_depth,
+    token_depth,
+)
 from sglang_marconi.sglang_integration.options import MarconiSettings
 from sglang_marconi.sglang_integration.stats import MarconiStats
 
@@ -78,6 +81,7 @@ class RequestAdmission:
     chunk_budget: int          # chunk-boundary states still allowed
     pending: str = ""          # reason of the state being inserted now
     published: int = 0         # intermediate states admitted so far
+    ghost_end: bool = False    # marconi+: the input reaches a remembered request end
 
 
 class MarconiPolicyState:
@@ -96,6 +100,7 @@ class MarconiPolicyState:
         self.stats = MarconiStats()
         self.exporter = None
         self._requests: dict[str, RequestAdmission] = {}
+        self._ghost_end: dict[str, bool] = {}
         self.clock = 0  # request clock: ticks once per request match (state recency)
         self.extra_buffer = extra_buffer
         self.alpha = (float(settings.alpha)
@@ -125,8 +130,21 @@ class MarconiPolicyState:
                                        extra_buffer)
             self.tuner = AlphaTuner(self._replay_window, grid=TUNING_GRID,
                                     multiplier=settings.bootstrap_multiplier)
+        self.reuse = self.ghost = self.end_usefulness = None
+        if settings.plus:
+            from sglang_marconi.policy.ghost import GhostIndex
+            from sglang_marconi.policy.likelihood import EndStateUsefulness, ReuseWeight
+
+            self.alpha = 0.0
+            self.tuner = self.shadow = self.online = None
+            self.stats.alpha_mode = "marconi+"
+            self.reuse = ReuseWeight()
+            ghost_tokens = int(settings.ghost_factor * kv_tokens)
+            if ghost_tokens > 0:
+                self.ghost = GhostIndex(ghost_tokens)
+                self.end_usefulness = EndStateUsefulness(settings.end_threshold)
         self.stats.alpha = self.alpha
-        self.stats.alpha_tuned = not settings.auto_alpha
+        self.stats.alpha_tuned = not settings.auto_alpha or settings.plus
 
     # -- alpha ---------------------------------------------------------------------------
     def _make_shadow(self, alpha: float, sample: float):
@@ -135,12 +153,14 @@ class MarconiPolicyState:
 
         running = 3 if self.extra_buffer else 1  # slots a running request holds
         slots = max(1, self.state_slots - running)
+        limit = self.settings.renormalise_limit  # the real cache's normalisation rule
         return PrefixCache(
             StatePoolCost(self.spec), int(slots * self.spec.ssm_state_bytes * sample),
             alpha=alpha, grid=self.grid,
             max_states_per_request=self.max_states if self.capped else 2,
             branch_rule="kv" if self.extra_buffer else "none", evict_at="begin",
-            renormalise=True, insert_clock_offset=0.5)
+            renormalise=limit < 0 or slots <= limit,
+            insert_clock_offset=0.5)
 
     def _observe_online(self, req) -> None:
         import time
@@ -161,6 +181,20 @@ class MarconiPolicyState:
         if new_alpha is not None:
             st.online_switches += 1
             self._set_alpha(new_alpha)
+
+    def _observe_ghost(self, req, adm: RequestAdmission) -> None:
+        """marconi+: remember the finished sequence and where its end state would be, and
+        count whether this request reached a remembered end (the end-state reuse rate)."""
+        import numpy as np
+
+        full = np.concatenate([np.asarray(req.origin_input_ids, dtype=np.int64),
+                               np.asarray(req.output_ids[:-1], dtype=np.int64)])
+        end = len(full) // self.grid * self.grid
+        self.ghost.record(full, end, self.clock)
+        if self.end_usefulness is not None:
+            self.end_usefulness.observe_end()
+            if adm.ghost_end:
+                self.end_usefulness.observe_reuse()
 
     def _replay_window(self, window, alpha: float) -> float:
         """FLOPs saved on the recorded window by a shadow SGLang cache with this alpha;
@@ -200,27 +234,38 @@ class MarconiPolicyState:
         if self.exporter is not None:
             self.exporter.set_alpha(self.alpha)
 
-    def victim_queue(self, candidates) -> VictimQueue:
-        """A ``VictimQueue`` over (node, recency, efficiency), normalised over all of them."""
-        queue = VictimQueue(self.alpha)
-        for node, recency, efficiency in candidates:
-            queue.update(node, recency, efficiency)
-        queue.refresh()  # min-max bounds of these candidates, as the paper normalises
-        return queue
-
     # -- scoring -------------------------------------------------------------------------
-    def _efficiency(self, node, lengths, freed_bytes: float) -> float:
-        has_state = node.component_data[ComponentType.MAMBA].value is not None
-        if self.alpha == 0.0:
-            return 0.0  # plain LRU: skip the path walks
-        return flop_efficiency(self.spec, lengths.depth(node),
-                               lengths.state_ancestor_depth(node), freed_bytes, has_state)
+    @property
+    def queue_mode(self) -> str:
+        """The ``VictimQueue`` mode: ``gdsf`` (reuse-weighted, aged) for marconi+."""
+        return "gdsf" if self.reuse is not None else "marconi"
 
-    def state_pool_efficiency(self, node, lengths) -> float:
-        return self._efficiency(node, lengths, self.spec.ssm_state_bytes)
+    def _efficiency(self, node, freed_bytes: float) -> float:
+        e = flop_efficiency(self.spec, token_depth(node), state_ancestor_depth(node),
+                            freed_bytes, has_state(node))
+        return e * self.reuse_weight(node) if self.reuse is not None and e else e
 
-    def kv_pool_efficiency(self, node, lengths) -> float:
-        return self._efficiency(node, lengths, self.spec.kv_bytes_per_token * len(node.key))
+    def reuse_weight(self, node) -> float:
+        """marconi+: ``ReuseWeight`` of a tree node (its hit score and the most children it
+        was seen with are kept on the node)."""
+        if not hasattr(node, "hit_score"):
+            node.hit_score, node.last_hit, node.max_children = 0.0, 0, 0
+        node.max_children = max(node.max_children, len(node.children))
+        return self.reuse(node)
+
+    def record_hit(self, node) -> None:
+        """marconi+: a hit consumed ``node``'s state."""
+        if self.reuse is not None:
+            self.reuse_weight(node)  # make sure the node carries the counters
+            self.reuse.record_hit(node, self.clock)
+
+    def state_pool_efficiency(self, node) -> float:
+        """FLOP efficiency of the node's state per byte of the state pool (one state)."""
+        return self._efficiency(node, self.spec.ssm_state_bytes)
+
+    def kv_pool_efficiency(self, node) -> float:
+        """FLOP efficiency of the node per byte of the token pool (its own KV tokens)."""
+        return self._efficiency(node, self.spec.kv_bytes_per_token * len(node.key))
 
     # -- admission -----------------------------------------------------------------------
     @property
@@ -230,6 +275,21 @@ class MarconiPolicyState:
     def tick(self) -> None:
         """A request is matched: the request clock advances."""
         self.clock += 1
+
+    def ghost_branch(self, req, result):
+        """marconi+: where the input leaves the sequences the ghost index remembers (past
+        evictions), on the checkpoint grid, as the branch SGLang snapshots in the prefill
+        when it lies beyond both the hit and SGLang's own branch. Returns the result."""
+        if self.ghost is None or not self.extra_buffer:
+            return result
+        tokens = req.origin_input_ids
+        branch, end = self.ghost.lookup(tokens, max(0, len(tokens) - 1))
+        self._ghost_end[req.rid] = bool(end)
+        branch = branch // self.grid * self.grid
+        current = result.mamba_branching_seqlen or 0
+        if branch > max(current, result.device_prefix_len):
+            result = result._replace(mamba_branching_seqlen=branch)
+        return result
 
     def on_match(self, req, result) -> None:
         """A request matched (possibly again, while it waits): plan its branch state."""
@@ -243,7 +303,8 @@ class MarconiPolicyState:
             self._requests.pop(next(iter(self._requests)))
         self._requests[req.rid] = RequestAdmission(
             hit_len=hit, branch_len=branch_len, branch=branch,
-            chunk_budget=max(0, self.max_states - reserved))
+            chunk_budget=max(0, self.max_states - reserved),
+            ghost_end=self._ghost_end.pop(req.rid, False))
 
     def _admission(self, req) -> RequestAdmission:
         adm = self._requests.get(req.rid)
@@ -274,6 +335,9 @@ class MarconiPolicyState:
             adm.pending = "branch"  # the branch snapshot arrives as the final state
             return True
         adm.pending = "final"
+        if self.end_usefulness is not None and not self.end_usefulness.admit():
+            self.stats.end_states_skipped += 1
+            return False  # marconi+: end states are rarely reused on this traffic
         if not self.capped:
             return True  # no cap: SGLang's own admission, state for state
         return adm.published < self.max_states
@@ -316,5 +380,7 @@ class MarconiPolicyState:
                 self._set_alpha(new_alpha)
         if self.online is not None:
             self._observe_online(req)
+        if self.ghost is not None:
+            self._observe_ghost(req, adm)
         if st.requests % self.log_every == 0:
             logger.info(st.summary_line())

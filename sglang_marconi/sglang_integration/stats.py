@@ -35,6 +35,7 @@ class MarconiStats:
     tuning_seconds: float = 0.0
     admitted: Counter = field(default_factory=Counter)
     rejected: int = 0
+    end_states_skipped: int = 0    # marconi+: final states not admitted (learned rate)
     evicted: Counter = field(default_factory=Counter)
     alpha_mode: str = "fixed"      # fixed, auto or online
     bookkeeping_seconds: float = 0.0  # the cache's match / insert / evict calls
@@ -69,6 +70,7 @@ class MarconiStats:
             "tuning_seconds": self.tuning_seconds,
             "states_admitted": {r: self.admitted[r] for r in ADMIT_REASONS},
             "states_rejected": self.rejected,
+            "end_states_skipped": self.end_states_skipped,
             "states_evicted": {r: self.evicted[r] for r in EVICT_REASONS},
             "alpha_mode": self.alpha_mode,
             "bookkeeping_seconds": self.bookkeeping_seconds,
@@ -89,10 +91,13 @@ class MarconiStats:
                   f" time_ratio={self.online_time_ratio:.2f}"
                   f" memory_ratio={self.online_memory_ratio:.2f}]"
                   if self.alpha_mode == "online" else "")
-        return (f"Marconi cache: alpha={self.alpha:g}{mode}"
+        policy = ("marconi+" if self.alpha_mode == "marconi+"
+                  else f"alpha={self.alpha:g}{mode}")
+        return (f"Marconi cache: {policy}"
                 f" requests={self.requests} token_hit_rate={self.token_hit_rate:.3f}"
                 f" flops_saved={self.flops_saved:.3e} states_admitted[{adm}]"
-                f" rejected={self.rejected} states_evicted[{ev}]{online}")
+                f" rejected={self.rejected} end_states_skipped={self.end_states_skipped}"
+                f" states_evicted[{ev}]{online}")
 
 
 _SERIES: dict = {}  # one set of Prometheus series per process, shared by every cache

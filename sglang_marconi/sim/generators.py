@@ -15,12 +15,20 @@ Timing: a turn arrives after the previous turn's response (output tokens at
 - ``fork-join``: SGLang frontend programs (``sgl.function`` with ``fork``): a shared few-shot
   prefix, ``k`` forks that each extend prefix + question, then a join that reads them all.
 - ``drift``: phases with different mixes (chat, then agent sessions, then chat again).
-- ``alpha-shift``: built to make the best fixed alpha differ between its phases (a
-  benchmark of online alpha, not a model of real traffic; measured, the steady phase
-  clearly favours alpha > 0 while in the burst phase all alphas are within ~1%, see
-  docs/beyond.md). In the ``burst`` phase long documents are queried in short bursts and
-  then never again while a pool of somewhat shorter prompts stays hot; in the ``steady``
-  phase long documents and short prompts are equally popular for the whole phase.
+- ``alpha-shift``: built so that the best fixed alpha differs between its phases (a
+  benchmark of online alpha, not a model of real traffic). ``scan`` phases: one-off long
+  documents, each read once and never again, between requests on a small pool of short hot
+  prompts. FLOP-aware eviction ranks a stale long document above a hot prompt (more FLOPs
+  saved per byte) and lets the stale documents crowd the hot prompts out; LRU drops the
+  stale documents and keeps the hot prompts. ``steady`` phase: a fixed set of long
+  documents reused throughout, between one-off prompts; there LRU lets the one-off prompts
+  push the documents out and FLOP-aware eviction keeps them. Phases: scan, steady, scan.
+  Measured (paper-7b, 2 GB, seed 0; ``tests/test_beyond.py``, ``docs/beyond.md``): alpha 0
+  saves >= 1.29x the FLOPs of every alpha in {0.5, 1, 2, 4} in each scan phase, alpha 4
+  1.29x those of alpha 0 in the steady phase. Reading each document twice or more
+  (``doc_reads``) gives it a branch state, whose FLOP efficiency (FLOPs over the state
+  bytes alone) then tops the min-max normalisation: with two reads alpha 0 leads the scan
+  phases by only 3% and 7%.
 """
 from __future__ import annotations
 
@@ -218,24 +226,43 @@ def gen_drift(p: DriftParams, seed: int = 0) -> Trace:
 
 @dataclass
 class AlphaShiftParams:
+    """``alpha-shift``: scan, steady, scan (``requests_per_phase`` requests each). Every
+    request is a prompt + ``question`` fresh tokens, with ``output`` fresh output tokens.
+
+    Scan phases (LRU's): each request goes to the hot pool with probability ``hot_share``
+    (one of ``hot_prompts`` prompts of ``hot_len`` tokens, uniformly at random), otherwise it
+    reads a long document (``long_len`` tokens) that is new, read ``doc_reads`` times back to
+    back and never again. Steady phase (FLOP-aware eviction's): with probability
+    ``doc_share`` one of ``steady_docs`` long documents (uniformly at random, the same ones
+    for the whole phase), otherwise a short prompt (``short_len`` tokens) drawn from a pool
+    of ``short_prompts`` (large: nearly every one is seen once).
+    """
     requests_per_phase: int = 600
-    long_len: int = 8000
-    short_len: int = 300
-    short_prompts: int = 60
-    hot_len: int = 4000
-    hot_prompts: int = 10
-    steady_docs: int = 12
-    burst_len: int = 4           # queries per document in the burst phase
-    question: int = 40
-    output: int = 8
-    rate: float = 5.0
+    long_len: int = 4000         # tokens of a long document (both phases)
+    hot_prompts: int = 8         # scan: the pool of short prompts that keeps being reused
+    hot_len: int = 200           # scan: tokens of a hot prompt
+    hot_share: float = 0.67      # scan: share of requests on the hot pool (the rest: documents)
+    doc_reads: int = 1           # scan: consecutive reads of each one-off document
+    steady_docs: int = 12        # steady: long documents reused for the whole phase
+    doc_share: float = 0.5       # steady: share of requests on them (the rest: short prompts)
+    short_len: int = 1000        # steady: tokens of a short prompt
+    short_prompts: int = 10000   # steady: the pool short prompts are drawn from
+    question: int = 40           # fresh tokens after the prompt, per request
+    output: int = 8              # output tokens per request
+    rate: float = 5.0            # requests per second (Poisson)
 
 
 def gen_alpha_shift(p: AlphaShiftParams, seed: int = 0) -> Trace:
+    """Scan, steady, scan; each request's session id starts with its phase (``scan-``,
+    ``steady-``)."""
+    for name in ("hot_share", "doc_share"):
+        if not 0 < getattr(p, name) <= 1:
+            raise UserError(f"workload parameter {name!r} must be in (0, 1], "
+                            f"got {getattr(p, name)!r}")
     rng = np.random.default_rng(seed)
     tok = _Tokens()
-    shorts = [tok.fresh(p.short_len) for _ in range(p.short_prompts)]
     hot = [tok.fresh(p.hot_len) for _ in range(p.hot_prompts)]
+    shorts: dict = {}
     reqs, t = [], 0.0
 
     def add(prefix, phase):
@@ -244,26 +271,31 @@ def gen_alpha_shift(p: AlphaShiftParams, seed: int = 0) -> Trace:
         inp = np.concatenate([prefix, tok.fresh(p.question)])
         reqs.append(Request(inp, tok.fresh(p.output), t, f"{phase}-{len(reqs)}"))
 
-    def phase_burst():
-        i = 0
-        while i < p.requests_per_phase:
-            doc = tok.fresh(p.long_len)
-            for _ in range(p.burst_len):
-                add(doc, "burst")
-                add(hot[int(rng.integers(p.hot_prompts))], "burst")
-                i += 2
+    def scan():
+        doc, reads_left = None, 0
+        for _ in range(p.requests_per_phase):
+            if rng.random() < p.hot_share:
+                add(hot[int(rng.integers(p.hot_prompts))], "scan")
+                continue
+            if reads_left == 0:
+                doc, reads_left = tok.fresh(p.long_len), p.doc_reads
+            add(doc, "scan")
+            reads_left -= 1
 
-    def phase_steady():
+    def steady():
         docs = [tok.fresh(p.long_len) for _ in range(p.steady_docs)]
         for _ in range(p.requests_per_phase):
-            if rng.random() < 0.5:
+            if rng.random() < p.doc_share:
                 add(docs[int(rng.integers(p.steady_docs))], "steady")
-            else:
-                add(shorts[int(rng.integers(p.short_prompts))], "steady")
+                continue
+            k = int(rng.integers(p.short_prompts))
+            if k not in shorts:
+                shorts[k] = tok.fresh(p.short_len)
+            add(shorts[k], "steady")
 
-    phase_burst()
-    phase_steady()
-    phase_burst()
+    scan()
+    steady()
+    scan()
     return Trace("alpha-shift", reqs)
 
 
