@@ -83,3 +83,18 @@ def test_ab_table_and_bad_input(mooncake_path):
     with pytest.raises(UserError, match="unknown"):
         _run_cli("--trace", trace, "--model", "qwen3_next", "--kv-tokens", "300000",
                  "--mamba-slots", "16", "--limit", "3", "--caches", "stock,vllm")
+
+
+def test_ab_marconi_plus_knobs(mooncake_path):
+    """The marconi+ column follows --marconi-end-threshold: 0 keeps every end state."""
+    def run(threshold):
+        text = _run_cli("--trace", str(mooncake_path), "--model", "qwen3_next",
+                        "--kv-tokens", "300000", "--mamba-slots", "16", "--limit", "60",
+                        "--caches", "marconi+", "--marconi-end-threshold", threshold,
+                        "--json", "--no-progress")
+        return json.loads(text)["caches"]["marconi+"]["marconi"]
+
+    learned, keep_all = run("0.05"), run("0")
+    assert learned["end_states_skipped"] > 0
+    assert keep_all["end_states_skipped"] == 0
+    assert keep_all["states_admitted"]["final"] > learned["states_admitted"]["final"]

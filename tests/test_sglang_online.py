@@ -42,7 +42,8 @@ POOLS = PoolConfig(kv_tokens=3000, mamba_slots=8, page_size=1, max_context_len=6
 
 
 def alpha_shift(requests_per_phase=60):
-    """Long documents queried in bursts, then steady popularity, then bursts (small)."""
+    """alpha-shift, small: scan (one-off long documents between hot prompts), steady (reused
+    documents), scan again."""
     trace = generate("alpha-shift", seed=0, requests_per_phase=requests_per_phase,
                      long_len=400, short_len=40, short_prompts=8, hot_len=200, hot_prompts=3,
                      steady_docs=4, question=8, output=4)

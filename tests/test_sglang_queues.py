@@ -150,6 +150,16 @@ def test_marconi_plus_flags():
         settings_from_namespace(parser.parse_args(
             ["--cache-policy", "marconi+", "--marconi-alpha", "1"]))
     assert not settings_from_namespace(parser.parse_args(["--cache-policy", "marconi"])).plus
+    s = settings_from_namespace(parser.parse_args(
+        ["--cache-policy", "marconi+", "--marconi-ghost-factor", "2",
+         "--marconi-end-threshold", "0"]))
+    assert (s.ghost_factor, s.end_threshold) == (2.0, 0.0)
+    assert MarconiSettings.from_env(s.to_env()) == s
+    with pytest.raises(ValueError, match="only apply with --cache-policy marconi\\+"):
+        settings_from_namespace(parser.parse_args(
+            ["--cache-policy", "marconi", "--marconi-ghost-factor", "2"]))
+    with pytest.raises(ValueError, match="--marconi-end-threshold must be in"):
+        MarconiSettings(plus=True, end_threshold=2.0)
 
 
 GHOST_POOLS = PoolConfig(kv_tokens=1024, mamba_slots=10, page_size=16, max_context_len=1024,

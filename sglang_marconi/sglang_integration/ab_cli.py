@@ -68,6 +68,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--marconi-max-states-per-request", type=int, default=-1,
                         help="states a request may leave in the tree (2: the paper's "
                              "admission; -1: no cap, the default)")
+    parser.add_argument("--marconi-renormalise-limit", type=int, default=1024,
+                        help="per-walk renormalisation up to this many candidates "
+                             "(-1: always, 0: amortised)")
+    parser.add_argument("--marconi-ghost-factor", type=float, default=10.0,
+                        help="marconi+ column: ghost index size in token-pool multiples")
+    parser.add_argument("--marconi-end-threshold", type=float, default=0.05,
+                        help="marconi+ column: end-state reuse rate below which final "
+                             "states are not kept")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -94,7 +102,10 @@ def _settings(args):
                                max_states_per_request=args.marconi_max_states_per_request,
                                online_alphas=parse_alphas(args.marconi_online_alphas),
                                online_window=args.marconi_online_window,
-                               online_sample=args.marconi_online_sample)
+                               online_sample=args.marconi_online_sample,
+                               renormalise_limit=args.marconi_renormalise_limit,
+                               ghost_factor=args.marconi_ghost_factor,
+                               end_threshold=args.marconi_end_threshold)
     except ValueError as exc:
         raise UserError(str(exc)) from None
 

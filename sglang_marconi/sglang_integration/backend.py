@@ -74,7 +74,9 @@ def native_cache_factory(ctx, memory):
                                     default.online_sample)),
         renormalise_limit=int(getattr(memory, "marconi_renormalise_limit",
                                       default.renormalise_limit)),
-        plus=getattr(memory, "cache_policy", "marconi") == "marconi+")
+        plus=getattr(memory, "cache_policy", "marconi") == "marconi+",
+        ghost_factor=float(getattr(memory, "marconi_ghost_factor", default.ghost_factor)),
+        end_threshold=float(getattr(memory, "marconi_end_threshold", default.end_threshold)))
     if settings.plus:
         settings = dataclasses.replace(settings, alpha=0.0)
     return marconi_cache_factory(ctx, settings)

@@ -24,6 +24,8 @@ ENV_ONLINE_WINDOW = "SGLANG_MARCONI_ONLINE_WINDOW"
 ENV_ONLINE_SAMPLE = "SGLANG_MARCONI_ONLINE_SAMPLE"
 ENV_RENORMALISE = "SGLANG_MARCONI_RENORMALISE_LIMIT"
 ENV_PLUS = "SGLANG_MARCONI_PLUS"
+ENV_GHOST_FACTOR = "SGLANG_MARCONI_GHOST_FACTOR"
+ENV_END_THRESHOLD = "SGLANG_MARCONI_END_THRESHOLD"
 ALPHA_MODES = ("auto", "online")
 
 # flags that the Marconi cache cannot honour (dest -> reason)
@@ -68,9 +70,10 @@ class MarconiSettings:
             raise ValueError("--marconi-renormalise-limit must be an integer >= -1, "
                              f"got {self.renormalise_limit!r}")
         if not self.ghost_factor >= 0:
-            raise ValueError(f"ghost_factor must be >= 0, got {self.ghost_factor}")
+            raise ValueError(f"--marconi-ghost-factor must be >= 0, got {self.ghost_factor}")
         if not 0 <= self.end_threshold <= 1:
-            raise ValueError(f"end_threshold must be in [0, 1], got {self.end_threshold}")
+            raise ValueError("--marconi-end-threshold must be in [0, 1], "
+                             f"got {self.end_threshold}")
         if not self.bootstrap_multiplier > 0:
             raise ValueError("--marconi-bootstrap-multiplier must be > 0, "
                              f"got {self.bootstrap_multiplier}")
@@ -106,7 +109,9 @@ class MarconiSettings:
                 ENV_ONLINE_WINDOW: str(int(self.online_window)),
                 ENV_ONLINE_SAMPLE: repr(float(self.online_sample)),
                 ENV_RENORMALISE: str(int(self.renormalise_limit)),
-                ENV_PLUS: "1" if self.plus else "0"}
+                ENV_PLUS: "1" if self.plus else "0",
+                ENV_GHOST_FACTOR: repr(float(self.ghost_factor)),
+                ENV_END_THRESHOLD: repr(float(self.end_threshold))}
 
     @classmethod
     def from_env(cls, environ=None) -> "MarconiSettings":
@@ -125,6 +130,8 @@ class MarconiSettings:
                 online_sample=float(env.get(ENV_ONLINE_SAMPLE, default.online_sample)),
                 renormalise_limit=int(env.get(ENV_RENORMALISE, default.renormalise_limit)),
                 plus=_parse_bool(env.get(ENV_PLUS, "0"), ENV_PLUS),
+                ghost_factor=float(env.get(ENV_GHOST_FACTOR, default.ghost_factor)),
+                end_threshold=float(env.get(ENV_END_THRESHOLD, default.end_threshold)),
             )
         except (TypeError, ValueError) as exc:
             raise ValueError(f"bad SGLANG_MARCONI_* setting: {exc}") from None
@@ -214,6 +221,17 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                             "pool has at most this many eviction candidates; above it the "
                             "refresh is amortised (O(log n) per eviction). -1: always per "
                             "walk; 0: always amortised (default 1024).")
+    group.add_argument("--marconi-ghost-factor", dest="marconi_ghost_factor", type=float,
+                       default=None,
+                       help="With --cache-policy marconi+: the ghost index remembers the "
+                            "token ids of this many times the KV pool's token slots (host "
+                            "memory, 8 bytes an id; 0 turns it and learned end-state "
+                            "admission off; default 10).")
+    group.add_argument("--marconi-end-threshold", dest="marconi_end_threshold", type=float,
+                       default=None,
+                       help="With --cache-policy marconi+: end-of-request states are kept "
+                            "while the measured rate at which later requests reach them is "
+                            "at least this (0 keeps them all; default 0.05).")
     group.add_argument("--marconi-online-alphas", dest="marconi_online_alphas",
                        type=_alphas_arg, default=None,
                        help="With --marconi-alpha online: the alphas of the shadow caches, "
@@ -245,7 +263,7 @@ def settings_from_namespace(args) -> Optional[MarconiSettings]:
         ("--marconi-bootstrap-multiplier", "marconi_bootstrap_multiplier"),
         ("--marconi-max-states-per-request", "marconi_max_states"),
         ("--marconi-renormalise-limit", "marconi_renormalise_limit"),
-        *_ONLINE_FLAGS)}
+        *_PLUS_FLAGS, *_ONLINE_FLAGS)}
     backend = getattr(args, "radix_cache_backend", None)
     if policy != "marconi":
         stray = [name for name, value in given.items() if value is not None]
@@ -274,6 +292,9 @@ def settings_from_namespace(args) -> Optional[MarconiSettings]:
             raise ValueError(f"{', '.join(stray)}: marconi+ has no alpha (it ranks by "
                              "reuse-weighted FLOPs per byte); use --cache-policy marconi")
         alpha = 0.0
+    plus_only = [name for name, _ in _PLUS_FLAGS if given[name] is not None]
+    if plus_only and not plus:
+        raise ValueError(f"{', '.join(plus_only)}: only apply with --cache-policy marconi+")
     online = [name for name, _ in _ONLINE_FLAGS if given[name] is not None]
     if online and alpha != "online":
         raise ValueError(f"{', '.join(online)}: only apply with --marconi-alpha online")
@@ -291,9 +312,13 @@ def settings_from_namespace(args) -> Optional[MarconiSettings]:
         online_sample=pick("--marconi-online-sample", "online_sample"),
         renormalise_limit=pick("--marconi-renormalise-limit", "renormalise_limit"),
         plus=plus,
+        ghost_factor=pick("--marconi-ghost-factor", "ghost_factor"),
+        end_threshold=pick("--marconi-end-threshold", "end_threshold"),
     )
 
 
+_PLUS_FLAGS = (("--marconi-ghost-factor", "marconi_ghost_factor"),
+               ("--marconi-end-threshold", "marconi_end_threshold"))
 _ONLINE_FLAGS = (("--marconi-online-alphas", "marconi_online_alphas"),
                  ("--marconi-online-window", "marconi_online_window"),
                  ("--marconi-online-sample", "marconi_online_sample"))

@@ -150,7 +150,7 @@ def mooncake(path=None, limit: int | None = None, label: str = "mooncake") -> Wo
 
 def phase_labels(trace) -> list:
     """Each request's phase: its session id's prefix (before the first '-'); a phase that
-    comes back after another one is numbered (``scan#1``, ``steady``, ``burst#2``)."""
+    comes back after another one is numbered (``scan#1``, ``steady``, ``scan#2``)."""
     raw = [r.session_id.split("-", 1)[0] for r in trace.requests]
     runs: list = []
     for p in raw:
