@@ -30,6 +30,13 @@ SGLang's recency stamps (``insert_clock_offset=0.5``). The candidates coincide o
 whose states have at most one child: chat sessions, and everything under ``no_buffer``
 (which keeps no branch states). Elsewhere (branch states under the extra buffer) the test
 checks the scoring instead: the efficiency, the recency and the ranking of every state.
+
+marconi+ (``MarconiSettings(plus=True)``; the simulator's ``reuse_weight=ReuseWeight()``,
+``ghost_tokens`` and ``end_threshold``, each side's ghost index of the same size) is compared
+the same way, in the same configurations, and after every request also on the ghost index,
+the end-state reuse counts and skipped end states; where eviction runs, on the GDSF victim
+queue itself (the states, their keys, their order and the aging clock). Where branch states
+are in the tree the test checks each state's reuse weight and weighted efficiency.
 """
 from __future__ import annotations
 
@@ -47,6 +54,8 @@ from sglang.srt.mem_cache.unified_cache.components.base import ComponentType  # 
 
 from sglang_marconi.model import HybridModelSpec  # noqa: E402
 from sglang_marconi.policy.cache import PrefixCache  # noqa: E402
+from sglang_marconi.policy.ghost import GhostIndex  # noqa: E402
+from sglang_marconi.policy.likelihood import ReuseWeight  # noqa: E402
 from sglang_marconi.policy.scoring import VictimQueue, flop_efficiency  # noqa: E402
 from sglang_marconi.sglang_integration.cache import MarconiUnifiedRadixCache  # noqa: E402
 from sglang_marconi.sglang_integration.components import (  # noqa: E402
@@ -73,12 +82,13 @@ class Regime:
     running_slots: int = 1          # state slots a running request holds
 
     def sim(self, grid: int, alpha: float = 0.0, capacity: int | None = None,
-            spec=SPEC) -> PrefixCache:
+            spec=SPEC, plus: dict | None = None) -> PrefixCache:
         mirror = (dict(max_states_per_request=1, cache_output=False, branch_rule="kv")
                   if self.extra_buffer else
                   dict(max_states_per_request=2, cache_output=True, branch_rule="none"))
         timing = dict(evict_at="begin", renormalise=True, insert_clock_offset=0.5)
-        return PrefixCache(spec, capacity, alpha=alpha, grid=grid, **mirror, **timing)
+        return PrefixCache(spec, capacity, alpha=alpha, grid=grid, **mirror, **timing,
+                           **(plus or {}))
 
 
 EXTRA = Regime("extra_buffer", True, mamba_chunk=1, running_slots=3)
@@ -130,7 +140,8 @@ class Step:
 class SGLangSide:
     """MarconiUnifiedRadixCache on CPU pools, with probes for branch and evicted states."""
 
-    def __init__(self, regime: Regime, requests, alpha=0.0, cap=2, mamba_slots=None):
+    def __init__(self, regime: Regime, requests, alpha=0.0, cap=2, mamba_slots=None,
+                 **settings):
         longest = max(len(i) + len(o) for i, o in requests)
         total = sum(len(i) + len(o) for i, o in requests)
         self.pc = PoolConfig(
@@ -141,7 +152,7 @@ class SGLangSide:
             chunked_prefill_size=NEVER, mamba_track_interval=NEVER,
             mamba_cache_chunk_size=regime.mamba_chunk)
         settings = MarconiSettings(alpha=alpha, max_states_per_request=cap,
-                                   renormalise_limit=-1)
+                                   renormalise_limit=-1, **settings)
         cls = functools.partial(MarconiUnifiedRadixCache, spec=SPEC, settings=settings)
         self.cache = build_cache(self.pc, cache_class=cls, tree_core="python")[0]
         self.replayer = Replayer(self.cache, chunked_prefill_size=NEVER)
@@ -193,8 +204,9 @@ class SimSide:
                     tuple(self.evicted))
 
 
-def assert_same_decisions(requests, sgl: SGLangSide, sim: SimSide) -> list:
-    """Replay ``requests`` through both; fail at the first request where they differ."""
+def assert_same_decisions(requests, sgl: SGLangSide, sim: SimSide, after=None) -> list:
+    """Replay ``requests`` through both; fail at the first request where they differ.
+    ``after(i)`` runs further checks after request ``i``."""
     steps = []
     for i, (inp, out) in enumerate(requests):
         a, b = sgl.run(i, inp, out), sim.run(inp, out)
@@ -207,6 +219,8 @@ def assert_same_decisions(requests, sgl: SGLangSide, sim: SimSide) -> list:
                                       f"{lengths(a.states - b.states)}, only in the simulator "
                                       f"{lengths(b.states - a.states)}")
         steps.append(a)
+        if after is not None:
+            after(i)
     check_idle(sgl.cache)
     return steps
 
@@ -448,3 +462,205 @@ def test_same_scores_for_every_state(source, seed):
         reference.update(path, recency, efficiency)
     reference.refresh()
     assert walk_order == reference.ordered()
+
+
+# -- marconi+ -------------------------------------------------------------------------------
+# SGLang: MarconiSettings(plus=True); the simulator: reuse_weight, ghost_tokens, end_threshold
+# (sim.policies ``marconi+``), each side's ghost index of the same size: SGLang's,
+# ``ghost_factor`` x its token pool (2 x: it never forgets, the pool is larger than the trace).
+def both_plus(regime, requests, slots=None, ghost_factor=2.0, end_threshold=0.05):
+    sgl = SGLangSide(regime, requests, mamba_slots=slots, plus=True,
+                     ghost_factor=ghost_factor, end_threshold=end_threshold)
+    capacity = (None if slots is None
+                else (slots - regime.running_slots) * SPEC.ssm_state_bytes)
+    plus = dict(reuse_weight=ReuseWeight(), ghost_tokens=sgl.cache.marconi.ghost.max_tokens,
+                end_threshold=end_threshold)
+    sim = regime.sim(sgl.grid, capacity=capacity, spec=StatePoolCost(SPEC), plus=plus)
+    return sgl, SimSide(sim)
+
+
+def ghost_marks(index: GhostIndex) -> frozenset:
+    """The remembered request ends of a ghost index, by token path."""
+    tree = index.tree
+    return frozenset(tuple(int(t) for t in tree.path_tokens(n))
+                     for n in tree.iter_nodes() if n.has_state)
+
+
+def same_plus_state(sgl: SGLangSide, sim: SimSide, queues: bool = False):
+    """After each request: the same ghost index (tokens, end marks) and end-state counts;
+    with ``queues`` the same GDSF victim queue of states (paths, keys, order, aging clock)."""
+    policy, cache = sgl.cache.marconi, sim.sim
+
+    def check(i):
+        assert policy.ghost.tree.num_kv_tokens == cache.ghost.tree.num_kv_tokens, i
+        assert ghost_marks(policy.ghost) == ghost_marks(cache.ghost), f"request {i}: marks"
+        a, b = policy.end_usefulness, cache.end_usefulness
+        assert (a.ends, a.reused) == (b.ends, b.reused), f"request {i}: end-state counts"
+        assert policy.stats.end_states_skipped == cache.stats.end_states_skipped, i
+        if not queues:
+            return
+        root = sgl.cache.tree_core.root_node
+        mine = sgl.cache.components[MAMBA].queue
+        ref = cache.tree.queue
+        order = [sglang_path(n, root) for n in mine.ordered()]
+        assert order == [tuple(int(t) for t in cache.tree.path_tokens(n))
+                         for n in ref.ordered()], f"request {i}: victim order"
+        keys = [ref.key_of(n) for n in ref.ordered()]
+        assert [mine.key_of(n) for n in mine.ordered()] == pytest.approx(keys, rel=1e-12), i
+        assert mine.clock == pytest.approx(ref.clock, rel=1e-12), i
+
+    return check
+
+
+@pytest.mark.parametrize("regime", ADMISSION_REGIMES, ids=lambda r: r.name)
+@pytest.mark.parametrize("trace", list(HAND_BUILT), ids=str)
+def test_marconi_plus_same_admission_and_hits_on_hand_built_traces(regime, trace):
+    requests = HAND_BUILT[trace]()
+    sgl, sim = both_plus(regime, requests)
+    assert_same_decisions(requests, sgl, sim, after=same_plus_state(sgl, sim))
+
+
+@pytest.mark.parametrize("regime", [EXTRA, EXTRA_GRID16, NO_BUFFER], ids=lambda r: r.name)
+@pytest.mark.parametrize("source", ["chat", "fork-join", "mix"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_marconi_plus_same_admission_and_hits_on_generated_traces(regime, source, seed):
+    requests = random_mix(seed) if source == "mix" else generated(source, seed)
+    sgl, sim = both_plus(regime, requests)
+    assert_same_decisions(requests, sgl, sim, after=same_plus_state(sgl, sim))
+
+
+def test_marconi_plus_decisions_are_not_marconis():
+    """What the marconi+ comparisons exercise: on fork-join under the extra buffer the ghost
+    index reports branch points SGLang's own match does not, and the end states of forks,
+    which no later request reaches, stop being admitted, on both sides alike."""
+    requests = generated("fork-join", 0)
+    marconi = assert_same_decisions(requests, *both(EXTRA, requests))
+    sgl, sim = both_plus(EXTRA, requests)
+    plus = assert_same_decisions(requests, sgl, sim)
+    assert [s.branch for s in plus] != [s.branch for s in marconi]
+    assert [s.states for s in plus] != [s.states for s in marconi]
+    assert sgl.cache.marconi.stats.end_states_skipped >= 3
+    assert sgl.cache.marconi.stats.admitted["branch"] > 0
+
+
+@pytest.mark.parametrize("regime", [EXTRA, NO_BUFFER], ids=lambda r: r.name)
+def test_marconi_plus_same_decisions_with_a_ghost_that_forgets(regime):
+    """A ghost index far smaller than the trace (LRU over whole sequences) forgets the same
+    sequences on both sides, and forgetting changes decisions."""
+    requests = random_mix(1)
+    sgl, sim = both_plus(regime, requests, ghost_factor=0.03)
+    small = assert_same_decisions(requests, sgl, sim, after=same_plus_state(sgl, sim))
+    everything = GhostIndex(1 << 40)
+    for inp, out in requests:
+        everything.record(np.asarray(inp + out[:-1]), 0, 0)
+    assert everything.tree.num_kv_tokens > 5 * sgl.cache.marconi.ghost.max_tokens
+    large = assert_same_decisions(requests, *both_plus(regime, requests))
+    assert [(s.hit, s.branch, s.states) for s in small] != [
+        (s.hit, s.branch, s.states) for s in large]
+
+
+@pytest.mark.parametrize("source,seed", [("chat", 0), ("chat", 1), ("fork-join", 0),
+                                         ("mix", 2)])
+def test_marconi_plus_same_evictions_without_the_extra_buffer(source, seed):
+    requests = random_mix(seed) if source == "mix" else generated(source, seed)
+    sgl, sim = both_plus(NO_BUFFER, requests, slots=7)
+    steps = assert_same_decisions(requests, sgl, sim,
+                                  after=same_plus_state(sgl, sim, queues=True))
+    assert sum(len(s.evicted) for s in steps) >= 10
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_marconi_plus_same_evictions_with_the_extra_buffer_on_chat(seed):
+    requests = generated("chat", seed)
+    sgl, sim = both_plus(EXTRA, requests, slots=7)
+    steps = assert_same_decisions(requests, sgl, sim,
+                                  after=same_plus_state(sgl, sim, queues=True))
+    assert sum(len(s.evicted) for s in steps) >= 10
+
+
+def test_marconi_plus_evictions_are_not_lrus():
+    """GDSF with reuse weights is compared on cases where it evicts other states than LRU
+    (marconi, alpha 0) and where states carry hit counts."""
+    requests = random_mix(2)
+    lru = assert_same_decisions(requests, *both(NO_BUFFER, requests, slots=7))
+    sgl, sim = both_plus(NO_BUFFER, requests, slots=7)
+    hit_counts = set()
+    plus = assert_same_decisions(requests, sgl, sim, after=lambda i: hit_counts.update(
+        getattr(n, "hit_score", 0) for n in walk(sgl.cache)))
+    assert [s.evicted for s in plus] != [s.evicted for s in lru]
+    assert max(hit_counts) >= 1  # the weights are not all alike
+
+
+@pytest.mark.parametrize("source,seed", [("fork-join", 0), ("mix", 0)])
+def test_marconi_plus_same_weights_for_every_state(source, seed):
+    """Branch states under the extra buffer: the eviction candidates differ (see
+    ``test_same_scores_for_every_state``), so the test checks the inputs of the ranking on
+    a tree without eviction instead: after every request, every state SGLang's MAMBA queue
+    holds is keyed by the efficiency times reuse weight (hit count, whether its node was a
+    branch point, its children) that the simulator's tree gives the node with that path,
+    states at branch points included."""
+    requests = random_mix(seed) if source == "mix" else generated(source, seed)
+    sgl, sim = both_plus(EXTRA, requests)
+    root = sgl.cache.tree_core.root_node
+    queue = sgl.cache.components[MAMBA].queue
+    tree = sim.sim.tree
+    seen = set()
+
+    def same_weights(i):
+        by_path = sim_state_nodes(sim.sim)
+        for node in walk(sgl.cache):
+            if node.component_data[MAMBA].value is None:
+                continue
+            ref = by_path[sglang_path(node, root)]
+            assert (node.hit_score, node.max_children >= 2) == (
+                ref.hit_score, ref.max_children >= 2), f"request {i}: {ref}"
+            assert queue.entry(node)[1] == pytest.approx(tree.efficiency(ref), rel=1e-12), i
+            if len(ref.children) > 1:
+                seen.add("branch point")
+            if ref.hit_score > 0 and ref.max_children >= 2:
+                seen.add("hit branch point")
+
+    assert_same_decisions(requests, sgl, sim, after=same_weights)
+    assert seen == {"branch point", "hit branch point"}  # the case at hand
+
+
+def state_reinserted():
+    """A state with a hit (at 34) loses its state while it has one child, then the child is
+    deleted (SGLang keeps the KV of 34: a KV-only leaf); later a request ends at 34 again."""
+    t = Fresh()
+    a, o0 = t(30), t(5)
+    reqs = [(a, o0), (a + o0[:4] + t(10), t(3))]
+    reqs += [(t(60), t(3)) for _ in range(7)]
+    reqs += [(a + o0[:3], [o0[3]] + t(1))]  # no_buffer: its state lands at 33 + 2 - 1 = 34
+    return reqs + [(t(60), t(3)) for _ in range(3)]
+
+
+def test_marconi_plus_a_state_stored_again_starts_without_hits():
+    """GDSF counts hits while a state is cached: SGLang's node outlives its state (a
+    tombstone), the simulator's does not; a state stored there again must not inherit the
+    evicted state's hit count (it would rank above the simulator's)."""
+    requests = state_reinserted()
+    sgl, sim = both_plus(NO_BUFFER, requests, slots=7)
+    steps = assert_same_decisions(requests, sgl, sim,
+                                  after=same_plus_state(sgl, sim, queues=True))
+    assert [len(p) for s in steps for p in s.evicted][:2] == [34, 46]
+    assert len(requests[9][0]) + len(requests[9][1]) - 1 in lengths(steps[9].states)
+
+
+def unreached_ends():
+    """40 unrelated prompts (no end is reached again: end states stop being admitted), then
+    a repeat of the first, which on a 64-token grid has no end state of its own, then a
+    continuation of the second."""
+    t = Fresh()
+    reqs = [(t(70), t(3)) for _ in range(40)]
+    return reqs + [(reqs[0][0], t(3)), (reqs[1][0] + t(80), t(3))]
+
+
+def test_marconi_plus_gates_only_requests_with_an_end_state():
+    """A request with no end state beyond its hit is neither an end of the reuse rate nor a
+    skipped end state (it stores nothing new either way)."""
+    requests = unreached_ends()
+    sgl, sim = both_plus(EXTRA_GRID64, requests)
+    steps = assert_same_decisions(requests, sgl, sim, after=same_plus_state(sgl, sim))
+    assert steps[40].hit == 64 and 64 in lengths(steps[40].states)
+    assert sgl.cache.marconi.stats.end_states_skipped >= 20

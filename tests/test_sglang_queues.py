@@ -223,3 +223,29 @@ def test_marconi_plus_keeps_the_queues_consistent():
     every queue entry against a fresh computation after each request)."""
     stats = replay_trace("chat", True, sessions=20, session_rate=0.5)
     assert stats.requests > 50 and sum(stats.evicted.values()) > 0, stats.as_dict()
+
+
+def test_marconi_plus_counts_one_hit_per_request():
+    """SGLang re-matches a waiting request every scheduling round; only the request that
+    finishes counts as a hit on the state it consumed (once), and both victim queues hold
+    the new weight afterwards (check_idle compares them with a fresh computation)."""
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.mem_cache.common import match_kv_cache
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    pc = PoolConfig(kv_tokens=4000, mamba_slots=16, page_size=16, max_context_len=1024,
+                    chunked_prefill_size=256, mamba_track_interval=64)
+    cache = make_cache(pc, alpha=0.0, plus=True)
+    replayer = Replayer(cache, chunked_prefill_size=256)
+    prompt = list(range(1, 300))
+    replayer.run(ReplayRequest("a", array("q", prompt), [5000, 5001]))
+    waiting = Req(rid="w", origin_input_text="", origin_input_ids=array("q", prompt + [7] * 20),
+                  sampling_params=SamplingParams(max_new_tokens=2))
+    for _ in range(5):  # queued: matched every round, never run
+        result = match_kv_cache(waiting, cache)
+    assert result.device_prefix_len > 0
+    node = cache.tree_core.node_by_id(result.best_match_node)
+    assert getattr(node, "hit_score", 0.0) == 0.0
+    replayer.run(ReplayRequest("b", array("q", prompt + [8] * 20), [5002, 5003]))
+    assert node.hit_score == 1.0
+    check_idle(cache)

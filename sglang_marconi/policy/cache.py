@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sglang_marconi.policy.admission import (branch_checkpoint, plan_block_checkpoints,
-                                             plan_checkpoints)
+from sglang_marconi.policy.admission import (branch_checkpoint, cached_length,
+                                             plan_block_checkpoints, plan_checkpoints)
 from sglang_marconi.policy.alpha import DEFAULT_GRID, AlphaTuner
 from sglang_marconi.policy.ghost import GhostIndex
 from sglang_marconi.policy.likelihood import EndStateUsefulness, ReuseWeight
@@ -93,7 +93,8 @@ class PrefixCache:
       the branch is where the longest KV match of ``input[:-1]`` ends, whenever that lies
       beyond the hit; it also fires when the whole input lies on a cached path (a repeated
       prompt, or a prompt that is a prefix of a cached sequence), where ``"split"`` does not.
-      ``"none"``: no branch states (SGLang without the extra buffer, ``no_buffer``).
+      ``"none"``: no branch states (SGLang without the extra buffer, ``no_buffer``), the
+      ghost index's included.
     - ``evict_at``: ``"finish"`` (default) makes room when a request's states are inserted.
       ``"begin"`` is SGLang's timing: a finishing request's states and KV enter the tree
       without eviction (they were already allocated to the running request), and the next
@@ -223,7 +224,8 @@ class PrefixCache:
             self._evict_to_capacity(m.hit_node)
         if self.ghost is not None:
             ghost_branch, ghost_end = self.ghost.lookup(tokens, max(0, n - 1))
-            branch_len = max(branch_len, ghost_branch)
+            if self.branch_rule != "none":  # "none": no branch states, remembered or not
+                branch_len = max(branch_len, ghost_branch)
             if ghost_end and self.end_usefulness is not None:
                 self.end_usefulness.observe_reuse()
         positions = ()
@@ -241,14 +243,27 @@ class PrefixCache:
         return plan_checkpoints(n, output_len, plan.hit_len, plan.branch_len, self.grid,
                                 self.max_states, self.cache_output)
 
+    def _end_position(self, plan: RequestPlan, full_len: int, adm) -> int:
+        """Where the request's end-of-request state is, or would be had the state cap not
+        given its only slot to the branch point (0: no new end state). The ghost index
+        marks it and ``end_usefulness`` counts it: the reuse rate of end states is a
+        property of the traffic, not of what was admitted. With two or more states per
+        request this is the last planned position."""
+        if self.admission != "marconi":
+            return adm.cached_len
+        n = len(plan.input_tokens)
+        end = cached_length(n, full_len - n + 1, self.grid, self.cache_output)
+        return end if end > plan.hit_len else 0
+
     def finish(self, plan: RequestPlan, full_tokens) -> dict:
         """Admit the request's states and KV; returns {position: node} of stored states."""
         full = as_tokens(full_tokens)
         adm = self._plan(plan, len(full))
         if self.ghost is not None:
-            self.ghost.record(full, adm.cached_len, plan.index)
-        if self.end_usefulness is not None and adm.positions:
-            self.end_usefulness.observe_end()
+            end = self._end_position(plan, len(full), adm)
+            self.ghost.record(full, end, plan.index)
+            if self.end_usefulness is not None and end:
+                self.end_usefulness.observe_end()
         if adm.positions and adm.positions[-1] != adm.branch_len:
             admit = (self.end_usefulness.admit() if self.end_usefulness is not None else True)
             if self.end_admission is not None:
@@ -330,19 +345,23 @@ class PrefixCache:
             tree.unlock(guard)
 
     def _evict_to_capacity(self, keep) -> None:
-        """``evict_at="begin"``: evict until the tree fits, ``keep`` (the hit) locked alone."""
+        """``evict_at="begin"``: evict until the tree fits, ``keep`` (the hit) locked alone.
+        As SGLang's lock does, the lock suspends ``keep``'s queue entry rather than dropping
+        it: unlocked, it is ranked as it was when last touched (with ``gdsf``, by the aging
+        clock of its hit, not the clock after the evictions it sat out)."""
         tree = self.tree
         if self.capacity is None or tree.bytes_used <= self.capacity:
             return
-        if keep is not None:
+        if keep is not None:  # SGLang's lock: out of the ranking, its entry kept
             keep.lock_ref += 1
-            tree.queue.discard(keep)
+            tree.queue.suspend(keep)
         try:
             while tree.bytes_used > self.capacity and self._evict_one():
                 pass
         finally:
             if keep is not None:
                 keep.lock_ref -= 1
+                tree.queue.resume(keep)  # its place among ties and (gdsf) its aging base
                 tree.refresh(keep)
 
     def _evict_one(self) -> bool:

@@ -12,7 +12,11 @@ Two online estimators, both from what the cache itself observes:
   (the ablation in docs/beyond.md measures ``chain=1``).
 - ``EndStateUsefulness``: how often the state after a request's last token is later reused
   (a later request extends the whole cached sequence). Measured on the ghost index, so it
-  is learned whether or not the cache kept those states. ``marconi+`` admits end-of-request
+  is learned whether or not the cache kept those states: each request with an end state
+  of its own (beyond its hit) counts one end, marked in the ghost index where that state
+  is or would have been (with one state per request, also when the branch point took the
+  slot), and each request that reaches a marked end counts one reuse, both before the
+  request's own end state is admitted or not. ``marconi+`` admits end-of-request
   states only while this rate is at least ``threshold``; on traffic whose outputs are never
   part of a later input (the Mooncake traces) it falls to ~0 and the end state, and the KV
   of the request's unique tail, are not kept.

@@ -121,6 +121,9 @@ class VictimQueue:
         self._live.pop(node, None)
         self._suspended.pop(node, None)
 
+    def is_suspended(self, node) -> bool:
+        return node in self._suspended
+
     def suspend(self, node) -> None:
         entry = self._live.pop(node, None)
         if entry is not None:

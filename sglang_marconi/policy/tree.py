@@ -152,6 +152,11 @@ class RadixTree:
             return
         if self.is_candidate(node):
             self.queue.update(node, node.last_access, self.efficiency(node))
+        elif (self.queue.is_suspended(node)
+              and (not node.children or (len(node.children) == 1 and node.has_state))):
+            # locked with its entry suspended (``PrefixCache._evict_to_capacity``): re-key
+            # what ``resume`` will restore
+            self.queue.update(node, node.last_access, self.efficiency(node))
         else:
             self.queue.discard(node)
 

@@ -54,6 +54,7 @@ class MarconiUnifiedRadixCache(UnifiedRadixCache):
         self._busy = 0  # re-entrancy of the timed calls (a match may evict)
         super().__init__(params)
         self.marconi.tree_tokens = lambda: self.full_evictable_size() + self.full_protected_size()
+        self.marconi.rekey = self._rekey
         self.marconi.exporter = make_exporter(self)
         if self.marconi.exporter is not None:
             self.marconi.exporter.set_alpha(self.marconi.alpha)
@@ -67,6 +68,10 @@ class MarconiUnifiedRadixCache(UnifiedRadixCache):
         super().reset()
         for ct in (ComponentType.MAMBA, ComponentType.FULL):
             self.components[ct].reset_queue()
+
+    def _rekey(self, node) -> None:
+        for ct in (ComponentType.MAMBA, ComponentType.FULL):
+            self.components[ct].track(node)
 
     @property
     def marconi_stats(self) -> MarconiStats:

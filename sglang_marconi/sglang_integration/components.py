@@ -156,7 +156,7 @@ class MarconiMambaComponent(_ScoredQueue, MambaComponent):
         super().refresh_lru(phase, node, root_node)
         if phase == LRURefreshPhase.MATCH_END and has_state(node):
             _stamp(node, self.cache.marconi.clock)
-            self.cache.marconi.record_hit(node)
+            self.cache.marconi.matched(node)
             self.track(node)
 
     def commit_insert_component_data(self, node, is_new_leaf, params, result, cache_actions):
@@ -175,6 +175,7 @@ class MarconiMambaComponent(_ScoredQueue, MambaComponent):
         if had and not has_state(node):
             if self.queue is not None:
                 self.queue.discard(node)
+            self.cache.marconi.forget_hits(node)
             rekey_state_change(self.cache, node)
         return out
 

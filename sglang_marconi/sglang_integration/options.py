@@ -10,6 +10,7 @@ with ``MarconiSettings.from_env``.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from dataclasses import dataclass
 from typing import Optional, Union
@@ -69,8 +70,11 @@ class MarconiSettings:
         if not (isinstance(self.renormalise_limit, int) and self.renormalise_limit >= -1):
             raise ValueError("--marconi-renormalise-limit must be an integer >= -1, "
                              f"got {self.renormalise_limit!r}")
-        if not self.ghost_factor >= 0:
-            raise ValueError(f"--marconi-ghost-factor must be >= 0, got {self.ghost_factor}")
+        if not (math.isfinite(self.ghost_factor) and self.ghost_factor >= 0):
+            raise ValueError("--marconi-ghost-factor must be a finite number >= 0, "
+                             f"got {self.ghost_factor}")
+        if self.plus and self.alpha != 0.0:
+            object.__setattr__(self, "alpha", 0.0)  # marconi+ ranks without an alpha
         if not 0 <= self.end_threshold <= 1:
             raise ValueError("--marconi-end-threshold must be in [0, 1], "
                              f"got {self.end_threshold}")

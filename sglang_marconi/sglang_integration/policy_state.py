@@ -82,6 +82,9 @@ class RequestAdmission:
     pending: str = ""          # reason of the state being inserted now
     published: int = 0         # intermediate states admitted so far
     ghost_end: bool = False    # marconi+: the input reaches a remembered request end
+    end: int = 0               # marconi+: where its end state is or would be (0: none new)
+    hit_node: object = None    # marconi+: the node whose state its (last) match consumes
+    counted: bool = False      # marconi+: counted in the end-state reuse rate
 
 
 class MarconiPolicyState:
@@ -101,6 +104,8 @@ class MarconiPolicyState:
         self.exporter = None
         self._requests: dict[str, RequestAdmission] = {}
         self._ghost_end: dict[str, bool] = {}
+        self._matched_node = None  # set by the MAMBA component during a match walk
+        self.rekey = None  # callable(node): re-key a node in both victim queues (the cache)
         self.clock = 0  # request clock: ticks once per request match (state recency)
         self.extra_buffer = extra_buffer
         self.alpha = (float(settings.alpha)
@@ -183,18 +188,16 @@ class MarconiPolicyState:
             self._set_alpha(new_alpha)
 
     def _observe_ghost(self, req, adm: RequestAdmission) -> None:
-        """marconi+: remember the finished sequence and where its end state would be, and
-        count whether this request reached a remembered end (the end-state reuse rate)."""
+        """marconi+: remember the finished sequence and where its end state would be (the
+        reuse rate is counted in ``admit_final``)."""
         import numpy as np
 
         full = np.concatenate([np.asarray(req.origin_input_ids, dtype=np.int64),
                                np.asarray(req.output_ids[:-1], dtype=np.int64)])
-        end = len(full) // self.grid * self.grid
-        self.ghost.record(full, end, self.clock)
-        if self.end_usefulness is not None:
-            self.end_usefulness.observe_end()
-            if adm.ghost_end:
-                self.end_usefulness.observe_reuse()
+        # the end marker goes where the request's end state is or would have been
+        # (``admit_final``): under extra_buffer its last snapshot (the input's grid-floored
+        # end or a decode snapshot), not the end of the KV
+        self.ghost.record(full, adm.end, self.clock)
 
     def _replay_window(self, window, alpha: float) -> float:
         """FLOPs saved on the recorded window by a shadow SGLang cache with this alpha;
@@ -253,11 +256,29 @@ class MarconiPolicyState:
         node.max_children = max(node.max_children, len(node.children))
         return self.reuse(node)
 
+    def matched(self, node) -> None:
+        """The match walk under way ends at ``node``, which holds a state."""
+        self._matched_node = node
+
     def record_hit(self, node) -> None:
-        """marconi+: a hit consumed ``node``'s state."""
+        """marconi+: a finished request's hit consumed ``node``'s state. Counted once per
+        request, at its release: SGLang re-matches a waiting request every scheduling
+        round (and ``touch_prefix`` matches without one), which must not count as reuse.
+        The node was locked by the request until then, so the weight it ranks by after
+        the unlock is the one a count at match time would have given."""
         if self.reuse is not None:
             self.reuse_weight(node)  # make sure the node carries the counters
             self.reuse.record_hit(node, self.clock)
+            if self.rekey is not None:
+                self.rekey(node)
+
+    def forget_hits(self, node) -> None:
+        """marconi+: ``node`` lost its state but stays in the tree (a tombstone). Its hit
+        count goes with the state (GDSF's in-cache frequency): a state inserted there later
+        starts from none, as in the simulator, whose tree deletes or merges such a node."""
+        if self.reuse is not None and hasattr(node, "hit_score"):
+            node.hit_score, node.last_hit = 0.0, 0
+            node.max_children = len(node.children)
 
     def state_pool_efficiency(self, node) -> float:
         """FLOP efficiency of the node's state per byte of the state pool (one state)."""
@@ -275,16 +296,20 @@ class MarconiPolicyState:
     def tick(self) -> None:
         """A request is matched: the request clock advances."""
         self.clock += 1
+        self._matched_node = None
 
     def ghost_branch(self, req, result):
         """marconi+: where the input leaves the sequences the ghost index remembers (past
         evictions), on the checkpoint grid, as the branch SGLang snapshots in the prefill
-        when it lies beyond both the hit and SGLang's own branch. Returns the result."""
-        if self.ghost is None or not self.extra_buffer:
+        when it lies beyond both the hit and SGLang's own branch (extra_buffer only); and
+        whether the input reaches a remembered end (any mode). Returns the result."""
+        if self.ghost is None:
             return result
         tokens = req.origin_input_ids
         branch, end = self.ghost.lookup(tokens, max(0, len(tokens) - 1))
-        self._ghost_end[req.rid] = bool(end)
+        self._ghost_end[req.rid] = bool(end)  # the end-state reuse rate needs it either way
+        if not self.extra_buffer:
+            return result  # no prefill snapshots a branch
         branch = branch // self.grid * self.grid
         current = result.mamba_branching_seqlen or 0
         if branch > max(current, result.device_prefix_len):
@@ -304,7 +329,8 @@ class MarconiPolicyState:
         self._requests[req.rid] = RequestAdmission(
             hit_len=hit, branch_len=branch_len, branch=branch,
             chunk_budget=max(0, self.max_states - reserved),
-            ghost_end=self._ghost_end.pop(req.rid, False))
+            ghost_end=self._ghost_end.pop(req.rid, False),
+            hit_node=self._matched_node if hit else None)
 
     def _admission(self, req) -> RequestAdmission:
         adm = self._requests.get(req.rid)
@@ -331,11 +357,27 @@ class MarconiPolicyState:
         """The finished request's state, which SGLang inserts at ``position`` (the last
         snapshot under extra_buffer, the KV length without it)."""
         adm = self._admission(req)
+        if self.ghost is not None and not adm.counted:
+            adm.counted = True
+            end = position
+            if adm.branch and position == adm.branch:
+                # the branch snapshot took the last chunk's slot: the end state would
+                # have been that chunk's grid-floored end, the input's
+                end = len(req.origin_input_ids) // self.grid * self.grid
+            adm.end = end if end > adm.hit_len else 0
+            # the simulator's moments: reaching a remembered end counts as a reuse, having
+            # an end state of one's own as an end, both before the decision below
+            if self.end_usefulness is not None:
+                if adm.ghost_end:
+                    self.end_usefulness.observe_reuse()
+                if adm.end:
+                    self.end_usefulness.observe_end()
         if adm.branch and position == adm.branch:
             adm.pending = "branch"  # the branch snapshot arrives as the final state
             return True
         adm.pending = "final"
-        if self.end_usefulness is not None and not self.end_usefulness.admit():
+        if (self.end_usefulness is not None and adm.end
+                and not self.end_usefulness.admit()):
             self.stats.end_states_skipped += 1
             return False  # marconi+: end states are rarely reused on this traffic
         if not self.capped:
@@ -382,5 +424,7 @@ class MarconiPolicyState:
             self._observe_online(req)
         if self.ghost is not None:
             self._observe_ghost(req, adm)
+        if adm.hit_node is not None and has_state(adm.hit_node):
+            self.record_hit(adm.hit_node)
         if st.requests % self.log_every == 0:
             logger.info(st.summary_line())
