@@ -3,7 +3,7 @@
 #
 #   scripts/ab_serve.sh MODEL [extra sglang server flags...]
 #
-# For each policy (lru = stock, then marconi) it starts
+# For each policy in POLICIES (default: lru = stock, then marconi; add marconi+) it starts
 #   python -m sglang_marconi.launch_server --model-path MODEL --cache-policy POLICY ...
 # waits for /health, runs sglang.benchmark.serving on two workloads, stops the server:
 #   1. the shared Mooncake trace (its `mooncake` dataset, timestamps replayed), and
@@ -13,11 +13,12 @@
 # Environment (all optional):
 #   PORT=30000  TRACE=../shared/traces/mooncake/synthetic_trace.jsonl
 #   MOONCAKE_PROMPTS=1000  MOONCAKE_SLOWDOWN=1.0  MULTITURN_GROUPS=32
-#   MARCONI_FLAGS="--marconi-alpha auto"   OUT=ab_serve_results   PYTHON=python
+#   MARCONI_FLAGS="--marconi-alpha auto" (marconi only)   POLICIES="lru marconi marconi+"
+#   OUT=ab_serve_results   PYTHON=python
 set -euo pipefail
 
 if [[ $# -lt 1 || "$1" == "-h" || "$1" == "--help" ]]; then
-    sed -n '2,17p' "$0"; exit 2
+    sed -n '2,18p' "$0"; exit 2
 fi
 MODEL="$1"; shift
 EXTRA_FLAGS=("$@")
@@ -29,6 +30,12 @@ MOONCAKE_PROMPTS="${MOONCAKE_PROMPTS:-1000}"
 MOONCAKE_SLOWDOWN="${MOONCAKE_SLOWDOWN:-1.0}"
 MULTITURN_GROUPS="${MULTITURN_GROUPS:-32}"
 MARCONI_FLAGS="${MARCONI_FLAGS:-}"
+read -r -a POLICY_LIST <<< "${POLICIES:-lru marconi}"
+for policy in "${POLICY_LIST[@]}"; do
+    case "$policy" in lru|marconi|marconi+) ;;
+        *) echo "error: POLICIES: unknown policy '$policy' (lru, marconi, marconi+)" >&2; exit 2;;
+    esac
+done
 OUT="${OUT:-ab_serve_results}"
 mkdir -p "$OUT"
 [[ -f "$TRACE" ]] || { echo "error: Mooncake trace not found: $TRACE" >&2; exit 2; }
@@ -72,7 +79,7 @@ bench() {  # policy workload
         > "$OUT/bench_${policy}_${workload}.log" 2>&1
 }
 
-for policy in lru marconi; do
+for policy in "${POLICY_LIST[@]}"; do
     rm -f "$OUT/${policy}_mooncake.jsonl" "$OUT/${policy}_multiturn.jsonl"
     start_server "$policy"
     bench "$policy" mooncake
@@ -80,18 +87,19 @@ for policy in lru marconi; do
     stop_server
 done
 
-"$PYTHON" - "$OUT" <<'EOF'
+"$PYTHON" - "$OUT" "${POLICY_LIST[@]}" <<'EOF'
 import json, sys
-out = sys.argv[1]
+out, policies = sys.argv[1], sys.argv[2:]
 rows = [("TTFT P50 (ms)", "median_ttft_ms", "{:.1f}"), ("TTFT P95 (ms)", "p95_ttft_ms", "{:.1f}"),
         ("input tok/s", "input_throughput", "{:.0f}"), ("output tok/s", "output_throughput", "{:.0f}"),
         ("requests/s", "request_throughput", "{:.2f}")]
 for workload in ("mooncake", "multiturn"):
     res = {}
-    for policy in ("lru", "marconi"):
+    for policy in policies:
         with open(f"{out}/{policy}_{workload}.jsonl") as fh:
             res[policy] = json.loads(fh.read().strip().splitlines()[-1])
-    print(f"\n{workload}:{'stock (lru)':>26}{'marconi':>14}")
+    names = ["stock (lru)" if p == "lru" else p for p in policies]
+    print(f"\n{workload}:" + "".join(n.rjust(26 if i == 0 else 14) for i, n in enumerate(names)))
     for label, key, fmt in rows:
         print(f"  {label:<22}" + "".join(fmt.format(res[p][key]).rjust(14) for p in res))
     hit = [res[p].get("cache_report", {}).get("cache_hit_rate_pct") for p in res]
