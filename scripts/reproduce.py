@@ -289,6 +289,15 @@ def rate_of(r):
     return pct(r["token_hit_rate"])
 
 
+def _families(cfg, an):
+    """(model, family, its analysis) for every family a model was run on, in report order."""
+    for m in cfg.models:
+        for fam in FAMILY_ORDER:
+            f = an["families"].get((m, fam))
+            if f is not None:
+                yield m, fam, f
+
+
 def _table(header, rows):
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
@@ -380,17 +389,13 @@ def write_markdown(sweep: dict, an: dict, path: Path, img_rel: str, command: str
     add(f"![ratio and gain]({img_rel}/fig7_8_ratio_gain.png)\n")
     add(cmd + "\n")
     rows = []
-    for m in cfg.models:
-        for fam in FAMILY_ORDER:
-            f = an["families"].get((m, fam))
-            if f is None:
-                continue
-            paper = "; ".join(f"{name}: {PAPER[name][0]}x / {pct(PAPER[name][1], True)}"
-                              for name in PAPER_FOR_FAMILY[fam]) or "-"
-            rows.append((m, fam, f["n"], times(f["ratio_mean"]),
-                         f"{times(f['ratio_min'])} .. {times(f['ratio_max'])}", f["ratio_inf"],
-                         pct(f["gain_p95"], True), pct(f["gain_mean"], True),
-                         pct(f["flops_gain_p95"], True), paper))
+    for m, fam, f in _families(cfg, an):
+        paper = "; ".join(f"{name}: {PAPER[name][0]}x / {pct(PAPER[name][1], True)}"
+                          for name in PAPER_FOR_FAMILY[fam]) or "-"
+        rows.append((m, fam, f["n"], times(f["ratio_mean"]),
+                     f"{times(f['ratio_min'])} .. {times(f['ratio_max'])}", f["ratio_inf"],
+                     pct(f["gain_p95"], True), pct(f["gain_mean"], True),
+                     pct(f["flops_gain_p95"], True), paper))
     add(_table(("model", "family", "configs", "ratio vs vllm+ (mean)", "ratio range",
                 "configs with vllm+ = 0", "gain vs sglang+ (P95)", "gain (mean)",
                 "FLOPs gain (P95)", "paper (ratio / gain)"), rows))
@@ -399,20 +404,16 @@ def write_markdown(sweep: dict, an: dict, path: Path, img_rel: str, command: str
     add("### Why ours differ: measurements\n")
     add(cmd + "\n")
     rows = []
-    for m in cfg.models:
-        for fam in FAMILY_ORDER:
-            f = an["families"].get((m, fam))
-            if f is None:
-                continue
-            alphas = ", ".join(f"{a}: {n}" for a, n in f["alphas"].items())
-            rows.append((m, fam, f"{f['tuned']}/{f['n']}", alphas,
-                         f"{f['identical_to_lru']}/{f['n']}",
-                         pct(f["of_inf"]["vllm+"]), pct(f["of_inf"]["sglang+"]),
-                         pct(f["of_inf"]["marconi"]),
-                         f"{f['vllm_admitted']:,.0f} / {f['vllm_evicted']:,.0f}",
-                         f"{f['vllm_zero']}/{f['n']}", pct(f["vllm_rejected"]),
-                         pct(f["vllm_state_share"]),
-                         f"{f['marconi_admitted']:,.0f}"))
+    for m, fam, f in _families(cfg, an):
+        alphas = ", ".join(f"{a}: {n}" for a, n in f["alphas"].items())
+        rows.append((m, fam, f"{f['tuned']}/{f['n']}", alphas,
+                     f"{f['identical_to_lru']}/{f['n']}",
+                     pct(f["of_inf"]["vllm+"]), pct(f["of_inf"]["sglang+"]),
+                     pct(f["of_inf"]["marconi"]),
+                     f"{f['vllm_admitted']:,.0f} / {f['vllm_evicted']:,.0f}",
+                     f"{f['vllm_zero']}/{f['n']}", pct(f["vllm_rejected"]),
+                     pct(f["vllm_state_share"]),
+                     f"{f['marconi_admitted']:,.0f}"))
     add(_table(("model", "family", "alpha tuned", "final alpha: configs",
                 "marconi hits = sglang+ hits", "vllm+ x inf", "sglang+ x inf", "marconi x inf",
                 "vllm+ states admitted / evicted (mean)", "vllm+ admitted nothing",
@@ -437,17 +438,13 @@ def write_markdown(sweep: dict, an: dict, path: Path, img_rel: str, command: str
     add(f"![TTFT]({img_rel}/fig9_ttft.png)\n")
     add(cmd + "\n")
     rows = []
-    for m in cfg.models:
-        for fam in FAMILY_ORDER:
-            f = an["families"].get((m, fam))
-            if f is None:
-                continue
-            cells = [f"{ms(f['ttft'][p][0])} / {ms(f['ttft'][p][1])}" for p in POLICIES]
-            b = f["ttft_best_reduction"]
-            w = f["ttft_worst_vs_lru"]
-            rows.append((m, fam, *cells, f"{ms(f['ttft_inf'][0])} / {ms(f['ttft_inf'][1])}",
-                         f"{pct(b[0])} ({ms(b[1])}) vs {b[2]} on {b[3]} at {gb(b[4])}",
-                         f"{pct(w[5], True)} ({w[3]} at {gb(w[4])})"))
+    for m, fam, f in _families(cfg, an):
+        cells = [f"{ms(f['ttft'][p][0])} / {ms(f['ttft'][p][1])}" for p in POLICIES]
+        b = f["ttft_best_reduction"]
+        w = f["ttft_worst_vs_lru"]
+        rows.append((m, fam, *cells, f"{ms(f['ttft_inf'][0])} / {ms(f['ttft_inf'][1])}",
+                     f"{pct(b[0])} ({ms(b[1])}) vs {b[2]} on {b[3]} at {gb(b[4])}",
+                     f"{pct(w[5], True)} ({w[3]} at {gb(w[4])})"))
     add(_table(("model", "family", "vllm+ P50 / P95", "sglang+ P50 / P95", "marconi P50 / P95",
                 "infinite P50 / P95", "best marconi P95 reduction",
                 "worst marconi P95 change vs sglang+"), rows))
@@ -462,13 +459,9 @@ def write_markdown(sweep: dict, an: dict, path: Path, img_rel: str, command: str
     add(f"![length buckets]({img_rel}/fig10_length.png)\n")
     add(cmd + "\n")
     rows = []
-    for m in cfg.models:
-        for fam in FAMILY_ORDER:
-            f = an["families"].get((m, fam))
-            if f is None:
-                continue
-            cells = [f"{pct(f['length'][p][0])} / {pct(f['length'][p][1])}" for p in POLICIES]
-            rows.append((m, fam, *cells, pct(f["short_worst"], True), pct(f["long_best"], True)))
+    for m, fam, f in _families(cfg, an):
+        cells = [f"{pct(f['length'][p][0])} / {pct(f['length'][p][1])}" for p in POLICIES]
+        rows.append((m, fam, *cells, pct(f["short_worst"], True), pct(f["long_best"], True)))
     add(_table(("model", "family", "vllm+ short / long", "sglang+ short / long",
                 "marconi short / long", "short: worst marconi vs sglang+",
                 "long: best marconi vs sglang+"), rows))
@@ -514,41 +507,37 @@ def explain(sweep: dict, an: dict) -> str:
     """Measured statements about where and why ours differ from the paper."""
     cfg = sweep["config"]
     out = []
-    for m in cfg.models:
-        for fam in FAMILY_ORDER:
-            f = an["families"].get((m, fam))
-            if f is None:
-                continue
-            bits = []
-            paper = PAPER_FOR_FAMILY[fam]
-            if paper:
-                quoted = " and ".join(f"{n} {PAPER[n][0]}x / {pct(PAPER[n][1], True)}"
-                                      for n in paper)
-                bits.append(f"ours: ratio {times(f['ratio_mean'])} over the configurations "
-                            f"where vllm+ hits anything, gain {pct(f['gain_p95'], True)} "
-                            f"(P95); the paper: {quoted}")
-            a0 = f["alphas"].get("0", 0)
-            bits.append(f"marconi ended with alpha = 0 (plain LRU eviction) in {a0} of {f['n']} "
-                        f"configurations, and its hit tokens equal sglang+'s in "
-                        f"{f['identical_to_lru']} of {f['n']}")
-            bits.append(f"sglang+ already keeps {pct(f['of_inf']['sglang+'])} of the "
-                        f"`infinite` policy's hit tokens on average (marconi "
-                        f"{pct(f['of_inf']['marconi'])}), so the room for a better eviction "
-                        f"order is at most {pct(1 - f['of_inf']['sglang+'])} of the ceiling")
-            bits.append(f"vllm+ admits {f['vllm_admitted']:,.0f} states and evicts "
-                        f"{f['vllm_evicted']:,.0f} per configuration on average (marconi admits "
-                        f"{f['marconi_admitted']:,.0f}); states hold "
-                        f"{pct(f['vllm_state_share'])} of its cache bytes at the end")
-            bits.append(f"vllm+ keeps {pct(f['of_inf']['vllm+'])} of the ceiling's hit tokens, "
-                        f"against {pct(f['f0'])} that LRU keeps in the smallest useful cache "
-                        "(f0 above: the reuse any cache holding the longest request gets, e.g. "
-                        "a shared system prompt)")
-            if f["vllm_zero"]:
-                bits.append(f"in {f['vllm_zero']} configurations vllm+ admitted nothing at all: "
-                            "the block-32 states of every request together exceed the capacity, "
-                            "and the simulator's vllm+ admits a request's states all or nothing "
-                            "(no truncation), so its ratio is infinite there")
-            out.append(f"- **{m}, {fam}**: " + "; ".join(bits) + ".")
+    for m, fam, f in _families(cfg, an):
+        bits = []
+        paper = PAPER_FOR_FAMILY[fam]
+        if paper:
+            quoted = " and ".join(f"{n} {PAPER[n][0]}x / {pct(PAPER[n][1], True)}"
+                                  for n in paper)
+            bits.append(f"ours: ratio {times(f['ratio_mean'])} over the configurations "
+                        f"where vllm+ hits anything, gain {pct(f['gain_p95'], True)} "
+                        f"(P95); the paper: {quoted}")
+        a0 = f["alphas"].get("0", 0)
+        bits.append(f"marconi ended with alpha = 0 (plain LRU eviction) in {a0} of {f['n']} "
+                    f"configurations, and its hit tokens equal sglang+'s in "
+                    f"{f['identical_to_lru']} of {f['n']}")
+        bits.append(f"sglang+ already keeps {pct(f['of_inf']['sglang+'])} of the "
+                    f"`infinite` policy's hit tokens on average (marconi "
+                    f"{pct(f['of_inf']['marconi'])}), so the room for a better eviction "
+                    f"order is at most {pct(1 - f['of_inf']['sglang+'])} of the ceiling")
+        bits.append(f"vllm+ admits {f['vllm_admitted']:,.0f} states and evicts "
+                    f"{f['vllm_evicted']:,.0f} per configuration on average (marconi admits "
+                    f"{f['marconi_admitted']:,.0f}); states hold "
+                    f"{pct(f['vllm_state_share'])} of its cache bytes at the end")
+        bits.append(f"vllm+ keeps {pct(f['of_inf']['vllm+'])} of the ceiling's hit tokens, "
+                    f"against {pct(f['f0'])} that LRU keeps in the smallest useful cache "
+                    "(f0 above: the reuse any cache holding the longest request gets, e.g. "
+                    "a shared system prompt)")
+        if f["vllm_zero"]:
+            bits.append(f"in {f['vllm_zero']} configurations vllm+ admitted nothing at all: "
+                        "the block-32 states of every request together exceed the capacity, "
+                        "and the simulator's vllm+ admits a request's states all or nothing "
+                        "(no truncation), so its ratio is infinite there")
+        out.append(f"- **{m}, {fam}**: " + "; ".join(bits) + ".")
     return "\n".join(out) + "\n"
 
 
@@ -584,15 +573,11 @@ def write_plots(sweep: dict, an: dict, img: Path) -> list:
     # Figs 7-8
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
     labels, ratios, gains, kinds = [], [], [], []
-    for m in cfg.models:
-        for fam in FAMILY_ORDER:
-            f = an["families"].get((m, fam))
-            if f is None:
-                continue
-            labels.append(f"{fam} / {m}")
-            ratios.append(f["ratio_mean"] if f["ratio_mean"] is not None else float("nan"))
-            gains.append(100 * (f["gain_p95"] or 0.0))
-            kinds.append("ours")
+    for m, fam, f in _families(cfg, an):
+        labels.append(f"{fam} / {m}")
+        ratios.append(f["ratio_mean"] if f["ratio_mean"] is not None else float("nan"))
+        gains.append(100 * (f["gain_p95"] or 0.0))
+        kinds.append("ours")
     for name, (r, g) in PAPER.items():
         labels.append(f"{name} (paper)")
         ratios.append(r)
