@@ -162,8 +162,8 @@ class SGLangSide:
         policy = self.cache.marconi
         on_match = policy.on_match
 
-        def probe_match(req, result):
-            on_match(req, result)
+        def probe_match(req, result, *args):
+            on_match(req, result, *args)
             self.branches[req.rid] = policy._requests[req.rid].branch
 
         policy.on_match = probe_match

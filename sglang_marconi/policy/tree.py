@@ -135,11 +135,14 @@ class RadixTree:
             return self.state_bytes if node.has_state else 0
         return len(node.tokens) * self.kv_bytes + (self.state_bytes if node.has_state else 0)
 
-    def is_candidate(self, node: Node) -> bool:
-        if node.lock_ref > 0:
-            return False
+    @staticmethod
+    def _evictable_shape(node: Node) -> bool:
+        """A leaf, or a one-child node with a state (evicting it drops the state)."""
         n = len(node.children)
         return n == 0 or (n == 1 and node.has_state)
+
+    def is_candidate(self, node: Node) -> bool:
+        return node.lock_ref <= 0 and self._evictable_shape(node)
 
     def efficiency(self, node: Node) -> float:
         e = flop_efficiency(self.spec, node.prefix_len, self.nearest_state_ancestor_len(node),
@@ -152,8 +155,7 @@ class RadixTree:
             return
         if self.is_candidate(node):
             self.queue.update(node, node.last_access, self.efficiency(node))
-        elif (self.queue.is_suspended(node)
-              and (not node.children or (len(node.children) == 1 and node.has_state))):
+        elif self.queue.is_suspended(node) and self._evictable_shape(node):
             # locked with its entry suspended (``PrefixCache._evict_to_capacity``): re-key
             # what ``resume`` will restore
             self.queue.update(node, node.last_access, self.efficiency(node))

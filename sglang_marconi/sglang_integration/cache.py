@@ -103,9 +103,8 @@ class MarconiUnifiedRadixCache(UnifiedRadixCache):
                 and self._extends_kv_leaf(result)):
             result = result._replace(mamba_branching_seqlen=None)
         if params.req is not None:
-            result = self.marconi.ghost_branch(params.req, result)
-        if params.req is not None:
-            self.marconi.on_match(params.req, result)
+            result, reaches_end = self.marconi.ghost_branch(params.req, result)
+            self.marconi.on_match(params.req, result, reaches_end)
         return result
 
     def _extends_kv_leaf(self, result) -> bool:

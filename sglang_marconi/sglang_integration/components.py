@@ -191,10 +191,10 @@ class MarconiMambaComponent(_ScoredQueue, MambaComponent):
         super().release_component_lock(node, params, lock_host)
         cd = node.component_data[MAMBA]
         if not lock_host and self.queue is not None and cd.lock_ref == 0:
-            if node in self.queue or self.queue.entry(node) is None:
-                self.track(node)
-            else:
+            if self.queue.is_suspended(node):
                 self.queue.resume(node)
+            else:
+                self.track(node)
 
     # -- admission ---------------------------------------------------------------------------
     def prepare_for_caching_req(self, req, insert_params, token_ids_len, is_finished):

@@ -103,7 +103,6 @@ class MarconiPolicyState:
         self.stats = MarconiStats()
         self.exporter = None
         self._requests: dict[str, RequestAdmission] = {}
-        self._ghost_end: dict[str, bool] = {}
         self._matched_node = None  # set by the MAMBA component during a match walk
         self.rekey = None  # callable(node): re-key a node in both victim queues (the cache)
         self.clock = 0  # request clock: ticks once per request match (state recency)
@@ -140,16 +139,14 @@ class MarconiPolicyState:
             from sglang_marconi.policy.ghost import GhostIndex
             from sglang_marconi.policy.likelihood import EndStateUsefulness, ReuseWeight
 
-            self.alpha = 0.0
-            self.tuner = self.shadow = self.online = None
-            self.stats.alpha_mode = "marconi+"
+            self.stats.alpha_mode = "marconi+"  # settings.alpha is 0: no tuner, no shadows
             self.reuse = ReuseWeight()
             ghost_tokens = int(settings.ghost_factor * kv_tokens)
             if ghost_tokens > 0:
                 self.ghost = GhostIndex(ghost_tokens)
                 self.end_usefulness = EndStateUsefulness(settings.end_threshold)
         self.stats.alpha = self.alpha
-        self.stats.alpha_tuned = not settings.auto_alpha or settings.plus
+        self.stats.alpha_tuned = not settings.auto_alpha
 
     # -- alpha ---------------------------------------------------------------------------
     def _make_shadow(self, alpha: float, sample: float):
@@ -167,14 +164,19 @@ class MarconiPolicyState:
             renormalise=limit < 0 or slots <= limit,
             insert_clock_offset=0.5)
 
+    @staticmethod
+    def _finished_tokens(req):
+        """(prompt, the tokens whose KV exists at finish: prompt + output minus the last)."""
+        import numpy as np
+
+        inp = np.asarray(req.origin_input_ids, dtype=np.int64)
+        return inp, np.concatenate([inp, np.asarray(req.output_ids[:-1], dtype=np.int64)])
+
     def _observe_online(self, req) -> None:
         import time
 
-        import numpy as np
-
         t0 = time.perf_counter()
-        inp = np.asarray(req.origin_input_ids, dtype=np.int64)
-        full = np.concatenate([inp, np.asarray(req.output_ids[:-1], dtype=np.int64)])
+        inp, full = self._finished_tokens(req)
         new_alpha = self.online.observe(inp, full)
         st = self.stats
         st.online_seconds += time.perf_counter() - t0
@@ -190,10 +192,7 @@ class MarconiPolicyState:
     def _observe_ghost(self, req, adm: RequestAdmission) -> None:
         """marconi+: remember the finished sequence and where its end state would be (the
         reuse rate is counted in ``admit_final``)."""
-        import numpy as np
-
-        full = np.concatenate([np.asarray(req.origin_input_ids, dtype=np.int64),
-                               np.asarray(req.output_ids[:-1], dtype=np.int64)])
+        _, full = self._finished_tokens(req)
         # the end marker goes where the request's end state is or would have been
         # (``admit_final``): under extra_buffer its last snapshot (the input's grid-floored
         # end or a decode snapshot), not the end of the KV
@@ -302,22 +301,22 @@ class MarconiPolicyState:
         """marconi+: where the input leaves the sequences the ghost index remembers (past
         evictions), on the checkpoint grid, as the branch SGLang snapshots in the prefill
         when it lies beyond both the hit and SGLang's own branch (extra_buffer only); and
-        whether the input reaches a remembered end (any mode). Returns the result."""
+        whether the input reaches a remembered end (any mode). Returns (result, reaches)."""
         if self.ghost is None:
-            return result
+            return result, False
         tokens = req.origin_input_ids
         branch, end = self.ghost.lookup(tokens, max(0, len(tokens) - 1))
-        self._ghost_end[req.rid] = bool(end)  # the end-state reuse rate needs it either way
         if not self.extra_buffer:
-            return result  # no prefill snapshots a branch
+            return result, bool(end)  # no prefill snapshots a branch
         branch = branch // self.grid * self.grid
         current = result.mamba_branching_seqlen or 0
         if branch > max(current, result.device_prefix_len):
             result = result._replace(mamba_branching_seqlen=branch)
-        return result
+        return result, bool(end)
 
-    def on_match(self, req, result) -> None:
-        """A request matched (possibly again, while it waits): plan its branch state."""
+    def on_match(self, req, result, reaches_end: bool = False) -> None:
+        """A request matched (possibly again, while it waits): plan its branch state.
+        ``reaches_end`` (marconi+): its input reaches a remembered request end."""
         hit = result.device_prefix_len
         # without the extra buffer no prefill snapshots a branch: the plan has none
         branch_len = result.mamba_branching_seqlen if self.extra_buffer else None
@@ -329,7 +328,7 @@ class MarconiPolicyState:
         self._requests[req.rid] = RequestAdmission(
             hit_len=hit, branch_len=branch_len, branch=branch,
             chunk_budget=max(0, self.max_states - reserved),
-            ghost_end=self._ghost_end.pop(req.rid, False),
+            ghost_end=reaches_end,
             hit_node=self._matched_node if hit else None)
 
     def _admission(self, req) -> RequestAdmission:
