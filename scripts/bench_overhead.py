@@ -107,7 +107,7 @@ class EvictTimer:
 
 # -- 1. replay ---------------------------------------------------------------------------
 def load_requests(trace: Path, limit):
-    from sglang_marconi.sglang_integration.ab import to_replay_requests
+    from sglang_marconi.harness.ab import to_replay_requests
     from sglang_marconi.sim.traces import read_trace
 
     return to_replay_requests(read_trace(trace), limit)
@@ -118,8 +118,8 @@ def replay_config(requests, model: str = "qwen3_next", kv_tokens: int = 1_500_00
                   track_interval: int = 256, alpha: float = 1.0):
     """The CPU A/B's configuration (docs/sglang.md) for these requests."""
     from sglang_marconi.model import HybridModelSpec
-    from sglang_marconi.sglang_integration.ab import ABConfig
-    from sglang_marconi.sglang_integration.pools import PoolConfig
+    from sglang_marconi.harness.ab import ABConfig
+    from sglang_marconi.driver.pools import PoolConfig
 
     longest = max(len(r.input_ids) + max(1, r.output_len) for r in requests)
     pools = PoolConfig(kv_tokens=max(kv_tokens, longest + 2 * page_size),
@@ -134,8 +134,8 @@ def replay_timing(requests, cfg, names=REPLAY_CACHES, alpha: float = 1.0,
                   progress: bool = False) -> dict:
     """Every cache of ``names`` built up front, the requests interleaved across them.
     Returns {name: column}."""
-    from sglang_marconi.sglang_integration.ab import instrument, make_cache
-    from sglang_marconi.sglang_integration.replay import Replayer
+    from sglang_marconi.harness.ab import instrument, make_cache
+    from sglang_marconi.driver.replay import Replayer
 
     from sglang.srt.mem_cache.unified_cache.components import base as clock
 
@@ -214,8 +214,8 @@ def ratios(timing: dict, name: str = "marconi") -> dict:
 def replay_memory(requests, cfg, names=REPLAY_CACHES, alpha: float = 1.0) -> dict:
     """A separate, untimed pass per cache under tracemalloc: {name: {peak_mib, end_mib}},
     Python allocations from just before the cache is built (requests already loaded)."""
-    from sglang_marconi.sglang_integration.ab import make_cache
-    from sglang_marconi.sglang_integration.replay import Replayer
+    from sglang_marconi.harness.ab import make_cache
+    from sglang_marconi.driver.replay import Replayer
 
     out = {}
     for name in names:
@@ -250,9 +250,9 @@ def scale_point(name: str, nodes: int, scenario: str, spec, alpha: float = 1.0,
     from sglang.srt.mem_cache.base_prefix_cache import InsertParams
     from sglang.srt.mem_cache.radix_cache import RadixKey
 
-    from sglang_marconi.sglang_integration.ab import ABConfig, make_cache
-    from sglang_marconi.sglang_integration.pools import PoolConfig
-    from sglang_marconi.sglang_integration.replay import Replayer, ReplayRequest
+    from sglang_marconi.harness.ab import ABConfig, make_cache
+    from sglang_marconi.driver.pools import PoolConfig
+    from sglang_marconi.driver.replay import Replayer, ReplayRequest
 
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r}")

@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sglang_marconi.commands.common import human_bytes, parse_bytes  # noqa: E402
+from sglang_marconi.cli.common import human_bytes, parse_bytes  # noqa: E402
 from sglang_marconi.model import HybridModelSpec  # noqa: E402
 from sglang_marconi.sim.policies import parse_policies  # noqa: E402
 from sglang_marconi.sim.runner import simulate  # noqa: E402

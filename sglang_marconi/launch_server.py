@@ -10,7 +10,7 @@ import sys
 
 try:
     from sglang_marconi.sglang_integration.plugin import register
-    from sglang_marconi.sglang_integration.version import SGLangVersionError
+    from sglang_marconi.sglang_version import SGLangVersionError
 except ImportError as exc:  # the sglang version check, or sglang missing entirely
     print(f"error: {exc}", file=sys.stderr)
     raise SystemExit(2)

@@ -57,7 +57,7 @@ def test_replay_columns(replay):
 def test_interleaving_does_not_change_the_policy(replay, mooncake_path):
     """Each cache keeps its own access-time clock while interleaved: Marconi decides exactly
     as in a run of its own (the A/B's ``run_one``)."""
-    from sglang_marconi.sglang_integration.ab import run_one
+    from sglang_marconi.harness.ab import run_one
 
     requests, timing, _ = replay
     cfg = bo.replay_config(requests, kv_tokens=300_000, mamba_slots=16, alpha=1.0)

@@ -61,11 +61,11 @@ from sglang_marconi.sglang_integration.cache import MarconiUnifiedRadixCache  # 
 from sglang_marconi.sglang_integration.components import (  # noqa: E402
     state_recency,
 )
-from sglang_marconi.sglang_integration.invariants import check_idle, walk  # noqa: E402
+from sglang_marconi.harness.invariants import check_idle, walk  # noqa: E402
 from sglang_marconi.sglang_integration.options import MarconiSettings  # noqa: E402
 from sglang_marconi.sglang_integration.policy_state import StatePoolCost  # noqa: E402
-from sglang_marconi.sglang_integration.pools import PoolConfig, build_cache  # noqa: E402
-from sglang_marconi.sglang_integration.replay import Replayer, ReplayRequest  # noqa: E402
+from sglang_marconi.driver.pools import PoolConfig, build_cache  # noqa: E402
+from sglang_marconi.driver.replay import Replayer, ReplayRequest  # noqa: E402
 from sglang_marconi.sim.generators import generate  # noqa: E402
 
 MAMBA = ComponentType.MAMBA

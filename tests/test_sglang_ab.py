@@ -17,7 +17,7 @@ KV_TOKENS, SLOTS = 400_000, 24
 
 
 def _run_cli(*argv):
-    from sglang_marconi.sglang_integration import ab_cli
+    from sglang_marconi.cli import ab as ab_cli
 
     parser = argparse.ArgumentParser()
     ab_cli.add_arguments(parser)

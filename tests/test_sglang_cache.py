@@ -13,14 +13,14 @@ from hypothesis import strategies as st  # noqa: E402
 
 from sglang_marconi.model import HybridModelSpec  # noqa: E402
 from sglang_marconi.sglang_integration.cache import MarconiUnifiedRadixCache  # noqa: E402
-from sglang_marconi.sglang_integration.invariants import (  # noqa: E402
+from sglang_marconi.harness.invariants import (  # noqa: E402
     check_idle,
     check_sizes,
     guard_locked_evictions,
 )
 from sglang_marconi.sglang_integration.options import MarconiSettings  # noqa: E402
-from sglang_marconi.sglang_integration.pools import PoolConfig, build_cache  # noqa: E402
-from sglang_marconi.sglang_integration.replay import Replayer, ReplayRequest  # noqa: E402
+from sglang_marconi.driver.pools import PoolConfig, build_cache  # noqa: E402
+from sglang_marconi.driver.replay import Replayer, ReplayRequest  # noqa: E402
 
 SPEC = HybridModelSpec.from_preset("paper-7b")
 # extra_buffer (what SGLang picks for Qwen3-Next, Nemotron-H): page 16, chunk 128
@@ -136,7 +136,7 @@ def test_abort_mid_chunked_prefill_releases_everything(pc):
 
 
 def _holdings(cache):
-    from sglang_marconi.sglang_integration.invariants import tree_holdings
+    from sglang_marconi.harness.invariants import tree_holdings
 
     h = tree_holdings(cache)
     return h["kv"], h["states"]

@@ -21,7 +21,7 @@ from sglang_marconi.policy.cache import PrefixCache  # noqa: E402
 from sglang_marconi.policy.online import OnlineAlpha  # noqa: E402
 from sglang_marconi.sglang_integration.cache import MarconiUnifiedRadixCache  # noqa: E402
 from sglang_marconi.sglang_integration.components import MAMBA  # noqa: E402
-from sglang_marconi.sglang_integration.invariants import check_idle  # noqa: E402
+from sglang_marconi.harness.invariants import check_idle  # noqa: E402
 from sglang_marconi.sglang_integration.options import (  # noqa: E402
     ENV_ALPHA,
     MarconiSettings,
@@ -29,8 +29,8 @@ from sglang_marconi.sglang_integration.options import (  # noqa: E402
     parse_alpha,
     settings_from_namespace,
 )
-from sglang_marconi.sglang_integration.pools import PoolConfig, build_cache  # noqa: E402
-from sglang_marconi.sglang_integration.replay import Replayer, ReplayRequest  # noqa: E402
+from sglang_marconi.driver.pools import PoolConfig, build_cache  # noqa: E402
+from sglang_marconi.driver.replay import Replayer, ReplayRequest  # noqa: E402
 from sglang_marconi.sim.generators import generate  # noqa: E402
 
 SPEC = HybridModelSpec.from_preset("paper-7b")
@@ -210,7 +210,7 @@ def test_the_alpha_is_logged_and_exported(caplog):
 
 # -- the CPU A/B ----------------------------------------------------------------------------
 def test_ab_runs_with_online_alpha(tmp_path):
-    from sglang_marconi.sglang_integration import ab_cli
+    from sglang_marconi.cli import ab as ab_cli
     from sglang_marconi.sim.traces import write_sessions
 
     trace = generate("alpha-shift", seed=1, requests_per_phase=20, long_len=400, short_len=40,

@@ -58,7 +58,7 @@ def test_factories_build_the_marconi_cache(monkeypatch):
     )
     from sglang_marconi.sglang_integration.cache import MarconiUnifiedRadixCache
     from sglang_marconi.sglang_integration.options import ENV_ALPHA
-    from sglang_marconi.sglang_integration.pools import PoolConfig, build_pools
+    from sglang_marconi.driver.pools import PoolConfig, build_pools
 
     pc = PoolConfig(kv_tokens=2048, mamba_slots=8, page_size=16, max_context_len=1024)
     monkeypatch.setenv(ENV_ALPHA, "0.4")

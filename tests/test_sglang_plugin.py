@@ -16,7 +16,7 @@ from sglang_marconi.sglang_integration.options import (  # noqa: E402
     MarconiSettings,
     parse_alpha,
 )
-from sglang_marconi.sglang_integration.version import (  # noqa: E402
+from sglang_marconi.sglang_version import (  # noqa: E402
     SUPPORTED_SGLANG_VERSION,
     SGLangVersionError,
     check_sglang_version,

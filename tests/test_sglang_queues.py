@@ -17,14 +17,14 @@ pytest.importorskip("sglang")
 from sglang_marconi.model import HybridModelSpec  # noqa: E402
 from sglang_marconi.sglang_integration.cache import MarconiUnifiedRadixCache  # noqa: E402
 from sglang_marconi.sglang_integration.components import FULL, MAMBA  # noqa: E402
-from sglang_marconi.sglang_integration.invariants import check_idle  # noqa: E402
+from sglang_marconi.harness.invariants import check_idle  # noqa: E402
 from sglang_marconi.sglang_integration.options import (  # noqa: E402
     MarconiSettings,
     add_cli_args,
     settings_from_namespace,
 )
-from sglang_marconi.sglang_integration.pools import PoolConfig, build_cache  # noqa: E402
-from sglang_marconi.sglang_integration.replay import Replayer, ReplayRequest  # noqa: E402
+from sglang_marconi.driver.pools import PoolConfig, build_cache  # noqa: E402
+from sglang_marconi.driver.replay import Replayer, ReplayRequest  # noqa: E402
 from sglang_marconi.sim.generators import generate  # noqa: E402
 
 SPEC = HybridModelSpec.from_preset("paper-7b")

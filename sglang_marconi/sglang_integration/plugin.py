@@ -47,7 +47,7 @@ def register() -> None:
     global _registered
     if _registered:
         return
-    from sglang_marconi.sglang_integration.version import check_sglang_version
+    from sglang_marconi.sglang_version import check_sglang_version
 
     check_sglang_version()
     from sglang.srt.mem_cache.registry import (

@@ -46,8 +46,8 @@ class ShadowReplay:
         import torch
 
         from sglang_marconi.sglang_integration.cache import MarconiUnifiedRadixCache
-        from sglang_marconi.sglang_integration.pools import PoolConfig, build_cache
-        from sglang_marconi.sglang_integration.replay import Replayer, ReplayRequest
+        from sglang_marconi.driver.pools import PoolConfig, build_cache
+        from sglang_marconi.driver.replay import Replayer, ReplayRequest
 
         t0 = time.perf_counter()
         threads = torch.get_num_threads()

@@ -1,7 +1,7 @@
 """``model-info``: a hybrid model's bytes per KV token and SSM checkpoint, and prefill FLOPs."""
 from __future__ import annotations
 
-from sglang_marconi.commands.common import (add_model_arguments, human_bytes, human_flops,
+from sglang_marconi.cli.common import (add_model_arguments, human_bytes, human_flops,
                                             model_from_args, print_json)
 
 

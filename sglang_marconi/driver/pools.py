@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Optional
 from unittest import mock
 
-from sglang_marconi.sglang_integration.version import check_sglang_version
+from sglang_marconi.sglang_version import check_sglang_version
 
 
 @dataclass(frozen=True)

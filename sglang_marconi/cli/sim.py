@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from sglang_marconi.commands.common import (add_model_arguments, human_bytes, human_flops,
+from sglang_marconi.cli.common import (add_model_arguments, human_bytes, human_flops,
                                             model_from_args, parse_bytes, parse_params,
                                             print_json)
 from sglang_marconi.errors import UserError

@@ -1,7 +1,7 @@
 """``gen-trace``: write a seeded synthetic workload as a session JSONL trace."""
 from __future__ import annotations
 
-from sglang_marconi.commands.common import parse_params, print_json
+from sglang_marconi.cli.common import parse_params, print_json
 from sglang_marconi.errors import UserError
 
 

@@ -14,12 +14,12 @@ from sglang_marconi.errors import UserError
 
 # command name -> (module, one-line help)
 COMMANDS = {
-    "demo": ("sglang_marconi.commands.demo", "install check + A/B on the bundled default trace"),
-    "model-info": ("sglang_marconi.commands.model_info", "bytes and FLOPs of a hybrid model"),
-    "sim": ("sglang_marconi.commands.sim", "trace-driven simulation of cache policies"),
-    "gen-trace": ("sglang_marconi.commands.gen_trace", "write a seeded synthetic trace"),
-    "ab": ("sglang_marconi.sglang_integration.ab_cli", "A/B: stock SGLang cache vs Marconi on CPU"),
-    "verify-exact": ("sglang_marconi.exact.cli", "prove resuming from a checkpoint is exact"),
+    "demo": ("sglang_marconi.cli.demo", "install check + A/B on the bundled default trace"),
+    "model-info": ("sglang_marconi.cli.model_info", "bytes and FLOPs of a hybrid model"),
+    "sim": ("sglang_marconi.cli.sim", "trace-driven simulation of cache policies"),
+    "gen-trace": ("sglang_marconi.cli.gen_trace", "write a seeded synthetic trace"),
+    "ab": ("sglang_marconi.cli.ab", "A/B: stock SGLang cache vs Marconi on CPU"),
+    "verify-exact": ("sglang_marconi.cli.verify_exact", "prove resuming from a checkpoint is exact"),
 }
 
 

@@ -13,7 +13,7 @@ DEFAULTS = {"model": "qwen3_next", "kv_tokens": 1_500_000, "mamba_slots": 200,
 
 
 def add_arguments(parser) -> None:
-    from sglang_marconi.sglang_integration import ab_cli
+    from sglang_marconi.cli import ab as ab_cli
 
     ab_cli.add_arguments(parser)
     for action in parser._actions:  # the demo has defaults for everything
@@ -27,7 +27,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from sglang_marconi.errors import UserError
-    from sglang_marconi.sglang_integration import ab_cli
+    from sglang_marconi.cli import ab as ab_cli
 
     if args.config:
         args.model = None

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from sglang_marconi.sglang_integration.options import MarconiSettings
-from sglang_marconi.sglang_integration.pools import PoolConfig, build_cache
-from sglang_marconi.sglang_integration.replay import Replayer, ReplayRequest
+from sglang_marconi.driver.pools import PoolConfig, build_cache
+from sglang_marconi.driver.replay import Replayer, ReplayRequest
 
 # name -> (tree core, marconi?)
 CACHES = {

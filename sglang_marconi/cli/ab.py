@@ -164,14 +164,14 @@ def run(args) -> int:
 
 def _run(args) -> int:
     try:
-        from sglang_marconi.sglang_integration.version import check_sglang_version
+        from sglang_marconi.sglang_version import check_sglang_version
 
         check_sglang_version()
     except ImportError as exc:
         raise UserError(str(exc)) from None
     from sglang_marconi.model import resolve_model
-    from sglang_marconi.sglang_integration.ab import ABConfig, run_ab, to_replay_requests
-    from sglang_marconi.sglang_integration.pools import PoolConfig
+    from sglang_marconi.harness.ab import ABConfig, run_ab, to_replay_requests
+    from sglang_marconi.driver.pools import PoolConfig
     from sglang_marconi.sim.traces import read_trace
 
     caches = _caches(args.caches)

@@ -1,1 +1,0 @@
-"""CLI command modules (one per command): add_arguments(parser) and run(args)."""
