@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sglang_marconi.cli.common import human_bytes, parse_bytes  # noqa: E402
-from sglang_marconi.model import HybridModelSpec  # noqa: E402
+from sglang_marconi.model import HybridModelSpec  # noqa: E402, preset_spec
 from sglang_marconi.sim.policies import parse_policies  # noqa: E402
 from sglang_marconi.sim.runner import simulate  # noqa: E402
 from sglang_marconi.sim.sweeps import MOONCAKE_TRACE  # noqa: E402
@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     trace = read_trace(args.trace)
     t_read = time.perf_counter() - t0
-    spec = HybridModelSpec.from_preset(args.model)
+    spec = preset_spec(args.model)
     cap = parse_bytes(args.capacity)
     policies = parse_policies(args.policies)
     print(f"trace {trace.name}: {len(trace):,} requests, {trace.input_tokens:,} input tokens "

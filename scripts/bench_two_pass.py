@@ -29,7 +29,7 @@ import torch  # noqa: E402
 
 from sglang_marconi.exact import runner, snapshot  # noqa: E402
 from sglang_marconi.exact.archs import ARCHS  # noqa: E402
-from sglang_marconi.model import HybridModelSpec  # noqa: E402
+from sglang_marconi.model import HybridModelSpec  # noqa: E402, spec_from_hf_config
 
 _COMMON = dict(vocab_size=1024, hidden_size=512, intermediate_size=1024, num_attention_heads=8,
                num_key_value_heads=2, max_position_embeddings=8192, tie_word_embeddings=False)
@@ -97,7 +97,7 @@ def main(argv=None) -> int:
     arch = ARCHS[args.arch]
     config = bench_config(args.arch)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    spec = HybridModelSpec.from_hf_config(config, dtype="float32")
+    spec = spec_from_hf_config(config, dtype="float32")
     g = torch.Generator().manual_seed(args.seed)
 
     def single(tokens):

@@ -2,12 +2,17 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 MOONCAKE = ROOT.parent / "shared" / "traces" / "mooncake" / "synthetic_trace.jsonl"
+
+# the tests' helper modules (``parity_harness``) import by name under any --import-mode
+if str(ROOT / "tests") not in sys.path:
+    sys.path.insert(0, str(ROOT / "tests"))
 
 
 @pytest.fixture(scope="session")
@@ -19,9 +24,9 @@ def mooncake_path():
 
 @pytest.fixture(scope="session")
 def paper_spec():
-    from sglang_marconi.model import HybridModelSpec
+    from sglang_marconi.model import preset_spec
 
-    return HybridModelSpec.from_preset("paper-7b")
+    return preset_spec("paper-7b")
 
 
 @pytest.fixture(autouse=True)

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from sglang_marconi.model import HybridModelSpec
+from sglang_marconi.model import preset_spec
 from sglang_marconi.policy.cache import PrefixCache
 from sglang_marconi.policy.likelihood import EndStateUsefulness, ReuseWeight
 from sglang_marconi.policy.offline import FutureIndex, exhaustive_best, offline_cache
@@ -15,7 +15,7 @@ from sglang_marconi.sim.policies import build_cache, parse_policy
 from sglang_marconi.sim.sweeps import phase_labels
 from sglang_marconi.sim.traces import Request
 
-SPEC = HybridModelSpec.from_preset("paper-7b")
+SPEC = preset_spec("paper-7b")
 KV, STATE = SPEC.kv_bytes_per_token, SPEC.ssm_state_bytes
 
 
@@ -55,10 +55,10 @@ def test_end_state_usefulness_rate():
     u = EndStateUsefulness(threshold=0.2)
     assert u.rate == 0.5 and u.admit()
     for _ in range(18):
-        u.observe_end()
+        u.observe_request(False, True)
     assert u.rate == pytest.approx(1 / 20) and not u.admit()
     for _ in range(4):
-        u.observe_reuse()
+        u.observe_request(True, False)
     assert u.rate == pytest.approx(5 / 20) and u.admit()
 
 
@@ -249,3 +249,24 @@ def test_future_index_next_use():
     assert f.next_use(np.array([1, 2, 3]), after=0) == 3
     assert f.next_use(np.array([1, 2, 3, 9]), after=0) is None   # key excludes the last token
     assert f.next_use(np.array([5]), after=2) is None
+
+
+def test_bench_beyond_uses_this_tests_settings():
+    """docs/beyond.md's alpha-shift section says it runs as this test does."""
+    from sglang_marconi.reports import beyond
+
+    assert beyond.ALPHA_SHIFT_CAP == ALPHA_SHIFT_CAP
+    assert beyond.FIXED_ALPHAS == FIXED_ALPHAS
+    assert beyond.CLEAR == CLEAR
+
+
+def test_bench_beyond_script_help():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_beyond.py"
+    proc = subprocess.run([sys.executable, str(script), "--help"], capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "Beyond the paper (issue 7)" in proc.stdout and "--strict" in proc.stdout

@@ -7,7 +7,8 @@ import pytest
 import transformers
 
 from sglang_marconi.errors import UserError
-from sglang_marconi.model import HybridModelSpec
+from sglang_marconi.model import (PRESETS, HybridModelSpec, preset_spec, spec_from_config_path,
+                                  spec_from_hf_config)
 from sglang_marconi.model.layers import AttentionLayer, MLPLayer
 from sglang_marconi.model.spec import HybridModelSpec as Spec
 
@@ -34,7 +35,7 @@ def test_mamba2_state_hand_computed():
     # NemotronH default: 128 heads x 64 head dim = 8192 inner, d_state 128, 8 groups, conv 4;
     # temporal state in mamba_ssm_cache_dtype float32, conv state in bf16 (window conv-1 = 3)
     cfg = transformers.NemotronHConfig()
-    spec = HybridModelSpec.from_hf_config(cfg)
+    spec = spec_from_hf_config(cfg)
     d_inner, n, groups = 128 * 64, 128, 8
     temporal = d_inner * n * 4
     conv = (d_inner + 2 * groups * n) * 3 * 2
@@ -45,7 +46,7 @@ def test_mamba2_state_hand_computed():
 def test_gdn_state_hand_computed():
     cfg = transformers.Qwen3NextConfig(num_hidden_layers=4, layer_types=[
         "linear_attention", "linear_attention", "linear_attention", "full_attention"])
-    spec = HybridModelSpec.from_hf_config(cfg, dtype="bfloat16")
+    spec = spec_from_hf_config(cfg, dtype="bfloat16")
     assert (spec.num_ssm_layers, spec.num_attention_layers) == (3, 1)
     # 32 value heads x 128 x 128 state; conv over q,k,v = 2*16*128 + 32*128 channels, window 3
     per_layer = 32 * 128 * 128 * 2 + (2 * 16 * 128 + 32 * 128) * 3 * 2
@@ -57,8 +58,8 @@ def test_gdn_state_hand_computed():
 def test_gqa_divides_kv_bytes_by_group_factor():
     mha = transformers.BambaConfig(attn_layer_indices=[1], num_key_value_heads=32)
     gqa = transformers.BambaConfig(attn_layer_indices=[1], num_key_value_heads=8)
-    a = HybridModelSpec.from_hf_config(mha).kv_bytes_per_token
-    b = HybridModelSpec.from_hf_config(gqa).kv_bytes_per_token
+    a = spec_from_hf_config(mha).kv_bytes_per_token
+    b = spec_from_hf_config(gqa).kv_bytes_per_token
     assert a == 4 * b > 0
 
 
@@ -83,9 +84,9 @@ def test_moe_counts_only_active_experts():
     assert more_active.flops_per_token() - dense.flops_per_token() == 2 * 3 * 1024 * 512 * 2
 
 
-@pytest.mark.parametrize("name", HybridModelSpec.preset_names())
+@pytest.mark.parametrize("name", list(PRESETS))
 def test_every_preset_builds(name):
-    spec = HybridModelSpec.from_preset(name)
+    spec = preset_spec(name)
     assert spec.num_ssm_layers > 0 and spec.ssm_state_bytes > 0
     assert spec.prefill_flops(1024) > spec.prefill_flops(512) > 0
 
@@ -93,31 +94,31 @@ def test_every_preset_builds(name):
 def test_config_path_and_errors(tmp_path):
     cfg = transformers.JambaConfig(num_hidden_layers=8, attn_layer_period=4, attn_layer_offset=2)
     cfg.save_pretrained(tmp_path)
-    spec = HybridModelSpec.from_config_path(tmp_path)
+    spec = spec_from_config_path(tmp_path)
     assert (spec.num_attention_layers, spec.num_ssm_layers) == (2, 6)
     assert spec.ssm_layers[0].kind == "mamba1"
 
     bad = tmp_path / "bad.json"
     bad.write_text('{"model_type": "jamba",\n "hidden_size": }')
     with pytest.raises(UserError, match=r"bad.json:2: invalid JSON"):
-        HybridModelSpec.from_config_path(bad)
+        spec_from_config_path(bad)
     bad.write_text('{"hidden_size": 8}')
     with pytest.raises(UserError, match="no 'model_type' field"):
-        HybridModelSpec.from_config_path(bad)
+        spec_from_config_path(bad)
     bad.write_text('{"model_type": "llama"}')
     with pytest.raises(UserError, match=r"'llama' \(field model_type\) is not a hybrid"):
-        HybridModelSpec.from_config_path(bad)
+        spec_from_config_path(bad)
     bad.write_text('{"model_type": "no_such_arch"}')
     with pytest.raises(UserError, match="not known to transformers"):
-        HybridModelSpec.from_config_path(bad)
+        spec_from_config_path(bad)
     with pytest.raises(UserError, match="config not found"):
-        HybridModelSpec.from_config_path(tmp_path / "missing.json")
+        spec_from_config_path(tmp_path / "missing.json")
     with pytest.raises(UserError, match="unknown model preset"):
-        HybridModelSpec.from_preset("gpt-5")
+        preset_spec("gpt-5")
     with pytest.raises(UserError, match="unknown dtype"):
-        HybridModelSpec.from_preset("paper-7b", dtype="float13")
+        preset_spec("paper-7b", dtype="float13")
     with pytest.raises(UserError, match="field 'n_groups'"):
-        HybridModelSpec.from_hf_config(transformers.NemotronHConfig(n_groups=0))
+        spec_from_hf_config(transformers.NemotronHConfig(n_groups=0))
 
 
 def _cli(*args):
@@ -133,7 +134,7 @@ def test_model_info_cli(tmp_path):
                 "ssm_state_bytes", "prefill_flops"):
         assert key in info
     assert info["ssm_state_bytes"] == 26_787_840
-    spec = HybridModelSpec.from_preset("paper-7b")
+    spec = preset_spec("paper-7b")
     assert info["prefill_flops"] == spec.prefill_flops(2048)
     r = _cli("model-info", "--list")
     assert r.returncode == 0 and "paper-7b" in r.stdout.split()

@@ -59,7 +59,7 @@ def test_one_child_state_drop_merges_edge(paper_spec):
     a = np.arange(0, 50)
     tree.insert(a[:20], [20], now=1)          # node X: state at 20
     tree.insert(a, [50], now=2)               # leaf Y below X: X has one child
-    x = tree._node_at(a, 20)
+    x = tree.node_at(a, 20)
     assert x.has_state and len(x.children) == 1
     assert tree.queue.ordered()[0] is x       # older, LRU order (alpha 0)
     action, node = tree.evict_one()
@@ -199,7 +199,7 @@ def test_victim_queue_heap_stays_bounded(mode, alpha):
     for t in range(20_000):
         node = t % 10
         q.update(node, 10.0 + t, float(node))
-    assert len(q._heap) <= 2 * len(q) + 1024 + 1
+    assert q.heap_size <= 2 * len(q) + 1024 + 1
     fresh = VictimQueue(alpha, mode=mode)
     for node in range(10):
         r, e = q.entry(node)

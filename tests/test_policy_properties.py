@@ -3,11 +3,11 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sglang_marconi.model import HybridModelSpec
+from sglang_marconi.model import preset_spec
 from sglang_marconi.sim.policies import build_cache, parse_policy
 from sglang_marconi.sim.traces import Request, Trace
 
-SPEC = HybridModelSpec.from_preset("paper-7b")
+SPEC = preset_spec("paper-7b")
 KV, STATE = SPEC.kv_bytes_per_token, SPEC.ssm_state_bytes
 
 

@@ -1,8 +1,8 @@
-"""scripts/reproduce.py on a tiny sweep: the markdown and the plots are written, and the
+"""reports.reproduce on a tiny sweep: the markdown and the plots are written, and the
 numbers in the markdown are the ones the replays returned (recomputed here from the raw
-records, nothing hard-coded)."""
-import importlib.util
+records, nothing hard-coded); scripts/reproduce.py run once on the same sweep."""
 import math
+import subprocess
 import sys
 from pathlib import Path
 
@@ -10,20 +10,12 @@ import numpy as np
 import pytest
 
 from sglang_marconi.model.presets import paper_7b
+from sglang_marconi.reports import plots, reproduce_markdown
+from sglang_marconi.reports import reproduce as rep
+from sglang_marconi.reports.formatting import gb, pct, times
 from sglang_marconi.sim import sweeps
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(f"_script_{name}", ROOT / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
-
-
-rep = _load("reproduce")
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +24,9 @@ def tiny(tmp_path_factory):
     cfg = rep.make_config("tiny")
     sweep = rep.run_sweep(cfg, jobs=1, progress=False)
     an = rep.analyze(sweep)
-    pngs = rep.write_plots(sweep, an, out / "img")
+    pngs = plots.write_plots(sweep, an, out / "img")
     command = "python scripts/reproduce.py --tiny"
-    text = rep.write_markdown(sweep, an, out / "results.md", "img", command)
+    text = reproduce_markdown.write_markdown(sweep, an, out / "results.md", "img", command)
     return cfg, sweep, an, pngs, text, out, command
 
 
@@ -77,17 +69,17 @@ def test_configuration_rows_match_the_replays(tiny):
             got = {p: sweeps.one(recs, model=c["model"], workload=c["workload"], capacity=cap,
                                  policy=p) for p in ("vllm+", "sglang+", "marconi")}
             assert got["sglang+"]["states_evicted"] > 0  # eviction happens at every capacity
-            cells = _row_cells(text, [c["workload"], f"{rep.gb(cap)} "
-                                      f"({rep.pct(cap / inf['peak_bytes'])})"])
+            cells = _row_cells(text, [c["workload"], f"{gb(cap)} "
+                                      f"({pct(cap / inf['peak_bytes'])})"])
             for i, p in zip((3, 4, 5), ("vllm+", "sglang+", "marconi")):
                 r = got[p]
-                want = (f"{rep.pct(r['hit_tokens'] / r['input_tokens'])} "
-                        f"({rep.pct(r['hit_tokens'] / inf['hit_tokens'])})")
+                want = (f"{pct(r['hit_tokens'] / r['input_tokens'])} "
+                        f"({pct(r['hit_tokens'] / inf['hit_tokens'])})")
                 assert cells[i] == want
-            assert cells[6] == rep.pct(inf["hit_tokens"] / inf["input_tokens"])
+            assert cells[6] == pct(inf["hit_tokens"] / inf["input_tokens"])
             m, v, s = (got[p]["token_hit_rate"] for p in ("marconi", "vllm+", "sglang+"))
-            assert cells[8] == (rep.times(m / v) if v else "inf")
-            assert cells[9] == rep.pct(m / s - 1, True)
+            assert cells[8] == (times(m / v) if v else "inf")
+            assert cells[9] == pct(m / s - 1, True)
             n_rows += 1
     assert n_rows == sum(len(rows) for rows in an["rows"].values())
 
@@ -109,9 +101,9 @@ def test_summary_matches_recomputation(tiny):
                 gains.append(hit["marconi"] / hit["sglang+"] - 1)
         finite = [r for r in ratios if math.isfinite(r)]
         cells = _row_cells(text, ["paper-7b", fam, str(len(ratios))])
-        assert cells[3] == (rep.times(float(np.mean(finite))) if finite else "-")
+        assert cells[3] == (times(float(np.mean(finite))) if finite else "-")
         assert cells[5] == str(len(ratios) - len(finite))
-        assert cells[6] == rep.pct(float(np.percentile(gains, 95)), True)
+        assert cells[6] == pct(float(np.percentile(gains, 95)), True)
 
 
 def test_sensitivity_rows(tiny):
@@ -121,8 +113,8 @@ def test_sensitivity_rows(tiny):
     for x in an["sens"]:
         r = {p: sweeps.one(sweep["records"], model=x["model"], workload=x["workload"],
                            capacity=x["capacity"], policy=p) for p in ("vllm+", "sglang+", "marconi")}
-        cells = _row_cells(text, [x["model"], x["workload"], rep.gb(x["capacity"])])
-        assert cells[3:6] == [rep.pct(r[p]["token_hit_rate"]) for p in ("vllm+", "sglang+", "marconi")]
+        cells = _row_cells(text, [x["model"], x["workload"], gb(x["capacity"])])
+        assert cells[3:6] == [pct(r[p]["token_hit_rate"]) for p in ("vllm+", "sglang+", "marconi")]
 
 
 def test_paper_variants():
@@ -138,10 +130,22 @@ def test_paper_variants():
     assert small.kv_bytes_per_token == big.kv_bytes_per_token == base.kv_bytes_per_token
 
 
+def test_formatters():
+    assert pct(0.1234) == "12.3%" and pct(0.1234, True) == "+12.3%"
+    assert pct(-0.05, True) == "-5.0%"
+    assert pct(None) == "-" and pct(math.inf) == "inf"
+    assert times(2.5) == "2.50x" and times(None) == "-" and times(math.inf) == "inf"
+    assert gb(1.95e9) == "1.95 GB" and gb(None) == "unlimited"
+
+
 def test_main_parallel(tmp_path):
     """The command line with two worker processes writes the same files."""
-    assert rep.main(["--tiny", "--out", str(tmp_path / "r.md"), "--jobs", "2",
-                     "--no-progress"]) == 0
-    text = (tmp_path / "r.md").read_text()
+    out = tmp_path / "r.md"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "reproduce.py"), "--tiny",
+                           "--out", str(out), "--jobs", "2", "--no-progress"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"wrote {out} and plots in {tmp_path / 'img'}")
+    text = out.read_text()
     assert "Command: `python scripts/reproduce.py --tiny --out" in text
     assert len(list((tmp_path / "img").glob("*.png"))) == 5

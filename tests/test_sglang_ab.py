@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("sglang")
 
 from sglang_marconi.errors import UserError  # noqa: E402
-from sglang_marconi.model import HybridModelSpec  # noqa: E402
+from sglang_marconi.model import preset_spec  # noqa: E402
 
 LIMIT = 80
 KV_TOKENS, SLOTS = 400_000, 24
@@ -46,7 +46,7 @@ def test_ab_reports_every_cache(ab_result):
 
 
 def test_ab_numbers_are_consistent(ab_result):
-    spec = HybridModelSpec.from_preset("qwen3_next")
+    spec = preset_spec("qwen3_next")
     caches = ab_result["caches"]
     inputs = {c["input_tokens"] for c in caches.values()}
     assert len(inputs) == 1  # the same requests went to every cache

@@ -11,7 +11,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from sglang_marconi.model import HybridModelSpec  # noqa: E402
+from sglang_marconi.model import preset_spec  # noqa: E402
 from sglang_marconi.sglang_integration.cache import MarconiUnifiedRadixCache  # noqa: E402
 from sglang_marconi.harness.invariants import (  # noqa: E402
     check_idle,
@@ -22,7 +22,7 @@ from sglang_marconi.sglang_integration.options import MarconiSettings  # noqa: E
 from sglang_marconi.driver.pools import PoolConfig, build_cache  # noqa: E402
 from sglang_marconi.driver.replay import Replayer, ReplayRequest  # noqa: E402
 
-SPEC = HybridModelSpec.from_preset("paper-7b")
+SPEC = preset_spec("paper-7b")
 # extra_buffer (what SGLang picks for Qwen3-Next, Nemotron-H): page 16, chunk 128
 PAGED = PoolConfig(kv_tokens=1024, mamba_slots=10, page_size=16, max_context_len=1024,
                    chunked_prefill_size=128, mamba_track_interval=64)

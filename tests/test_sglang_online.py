@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("sglang")
 import torch  # noqa: E402
 
-from sglang_marconi.model import HybridModelSpec  # noqa: E402
+from sglang_marconi.model import preset_spec  # noqa: E402
 from sglang_marconi.policy.cache import PrefixCache  # noqa: E402
 from sglang_marconi.policy.online import OnlineAlpha  # noqa: E402
 from sglang_marconi.sglang_integration.cache import MarconiUnifiedRadixCache  # noqa: E402
@@ -33,7 +33,7 @@ from sglang_marconi.driver.pools import PoolConfig, build_cache  # noqa: E402
 from sglang_marconi.driver.replay import Replayer, ReplayRequest  # noqa: E402
 from sglang_marconi.sim.generators import generate  # noqa: E402
 
-SPEC = HybridModelSpec.from_preset("paper-7b")
+SPEC = preset_spec("paper-7b")
 POOLS = PoolConfig(kv_tokens=3000, mamba_slots=8, page_size=1, max_context_len=600,
                    chunked_prefill_size=1 << 20, mamba_track_interval=1 << 20,
                    mamba_cache_chunk_size=1)
@@ -135,9 +135,11 @@ def test_the_cache_follows_online_alpha_on_a_replayed_trace():
     cache = online_cache()
     policy = cache.marconi
     # the reference: OnlineAlpha fed the same stream, with shadows built the same way
-    reference = OnlineAlpha(policy._make_shadow, alphas=(0.0, 2.0), window=20, period=5)
+    reference = OnlineAlpha(policy.make_shadow, alphas=(0.0, 2.0), window=20, period=5)
     walk_alphas = []  # (alpha each eviction walk ranked with, the reference's alpha then)
     component = cache.components[MAMBA]
+    # wraps SGLang's walk-start hook (``_evict_device_start``, which the MAMBA component
+    # overrides) to see the alpha each walk ranks with: no public event marks a walk
     walk_start = component._evict_device_start
 
     def probe(request_cnt):

@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("sglang")
 
-from sglang_marconi.model import HybridModelSpec  # noqa: E402
+from sglang_marconi.model import preset_spec  # noqa: E402
 from sglang_marconi.sglang_integration.cache import MarconiUnifiedRadixCache  # noqa: E402
 from sglang_marconi.sglang_integration.components import FULL, MAMBA  # noqa: E402
 from sglang_marconi.harness.invariants import check_idle  # noqa: E402
@@ -27,7 +27,7 @@ from sglang_marconi.driver.pools import PoolConfig, build_cache  # noqa: E402
 from sglang_marconi.driver.replay import Replayer, ReplayRequest  # noqa: E402
 from sglang_marconi.sim.generators import generate  # noqa: E402
 
-SPEC = HybridModelSpec.from_preset("paper-7b")
+SPEC = preset_spec("paper-7b")
 
 
 def make_cache(pc, **settings):
@@ -103,6 +103,8 @@ def test_renormalise_limit_picks_the_rule():
         replayer = Replayer(cache, chunked_prefill_size=256)
         walks = 0
         component = cache.components[MAMBA]
+        # counts eviction walks by wrapping SGLang's walk-start hook
+        # (``_evict_device_start``, which the MAMBA component overrides): no public counter
         start = component._evict_device_start
 
         def counting(cnt, _start=start):

@@ -8,6 +8,7 @@ import sys
 import warnings
 
 from sglang_marconi.errors import UserError
+from sglang_marconi.policy import defaults
 
 CACHE_NAMES = ("stock", "stock-python", "marconi", "marconi+")
 DEFAULT_CACHES = ("stock", "stock-python", "marconi")
@@ -57,23 +58,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--marconi-alpha", default="auto",
                         help="number >= 0, auto (bootstrap tuning; default) or online "
                              "(shadow caches follow the traffic)")
-    parser.add_argument("--marconi-online-alphas", default="0,0.5,1,2",
+    parser.add_argument("--marconi-online-alphas", default=",".join(f"{a:g}" for a in defaults.ONLINE_ALPHAS),
                         help="with --marconi-alpha online: the shadows' alphas")
-    parser.add_argument("--marconi-online-window", type=_positive, default=200,
+    parser.add_argument("--marconi-online-window", type=_positive,
+                        default=defaults.ONLINE_WINDOW,
                         help="with --marconi-alpha online: the sliding window (requests)")
-    parser.add_argument("--marconi-online-sample", type=float, default=1.0,
+    parser.add_argument("--marconi-online-sample", type=float,
+                        default=defaults.ONLINE_SAMPLE,
                         help="with --marconi-alpha online: fraction of prefix families the "
                              "shadows see")
-    parser.add_argument("--marconi-bootstrap-multiplier", type=float, default=5.0)
-    parser.add_argument("--marconi-max-states-per-request", type=int, default=-1,
+    parser.add_argument("--marconi-bootstrap-multiplier", type=float,
+                        default=defaults.BOOTSTRAP_MULTIPLIER)
+    parser.add_argument("--marconi-max-states-per-request", type=int,
+                        default=defaults.SERVER_MAX_STATES_PER_REQUEST,
                         help="states a request may leave in the tree (2: the paper's "
                              "admission; -1: no cap, the default)")
-    parser.add_argument("--marconi-renormalise-limit", type=int, default=1024,
+    parser.add_argument("--marconi-renormalise-limit", type=int,
+                        default=defaults.RENORMALISE_LIMIT,
                         help="per-walk renormalisation up to this many candidates "
                              "(-1: always, 0: amortised)")
-    parser.add_argument("--marconi-ghost-factor", type=float, default=10.0,
+    parser.add_argument("--marconi-ghost-factor", type=float,
+                        default=defaults.GHOST_FACTOR,
                         help="marconi+ column: ghost index size in token-pool multiples")
-    parser.add_argument("--marconi-end-threshold", type=float, default=0.05,
+    parser.add_argument("--marconi-end-threshold", type=float,
+                        default=defaults.END_THRESHOLD,
                         help="marconi+ column: end-state reuse rate below which final "
                              "states are not kept")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")

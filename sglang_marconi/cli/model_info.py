@@ -15,10 +15,10 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from sglang_marconi.errors import UserError
-    from sglang_marconi.model import HybridModelSpec
+    from sglang_marconi.model import PRESETS
 
     if args.list:
-        names = HybridModelSpec.preset_names()
+        names = list(PRESETS)
         print_json({"presets": names}) if args.json else print("\n".join(names))
         return 0
     if not args.preset and not args.config:

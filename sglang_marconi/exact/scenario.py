@@ -30,6 +30,7 @@ import torch
 from sglang_marconi.exact import runner, snapshot
 from sglang_marconi.exact.archs import VOCAB, Arch, build_model
 from sglang_marconi.exact.store import CheckpointStore
+from sglang_marconi.policy.tree import as_tokens, common_prefix_len
 
 TOLERANCE = 1e-4  # max |logit difference|; fp32, |logits| ~ 3; rounding noise stays < 7e-5
 STATE_RTOL = 1e-4  # max |state difference| / max |state| for the reference-scan cross-check
@@ -94,12 +95,7 @@ def _requests(seed: int):
 
 
 def _lcp(a, b) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+    return common_prefix_len(as_tokens(a), as_tokens(b))
 
 
 class BranchOracle:
@@ -153,10 +149,10 @@ def run_arch(arch: Arch, seed: int = 0, ssm_offset: int = 0, n_decode: int = N_D
 
 def _run_arch(arch, seed, ssm_offset, n_decode, tolerance, crosscheck, keep_dt_clamp,
               capacity_bytes):
-    from sglang_marconi.model import HybridModelSpec
+    from sglang_marconi.model import spec_from_hf_config
 
     model = build_model(arch, seed, keep_dt_clamp=keep_dt_clamp)
-    spec = HybridModelSpec.from_hf_config(model.config, dtype="float32")
+    spec = spec_from_hf_config(model.config, dtype="float32")
     server = _Server(arch, model, spec, make_cache(spec, capacity_bytes), ssm_offset, n_decode,
                      crosscheck and arch.ssm_family == "mamba2")
     history: dict[int, list[int]] = {}

@@ -21,6 +21,7 @@ from typing import Callable, Optional
 from sglang_marconi.sglang_integration.options import MarconiSettings
 from sglang_marconi.driver.pools import PoolConfig, build_cache
 from sglang_marconi.driver.replay import Replayer, ReplayRequest
+from sglang_marconi.harness.timing import quantile
 
 # name -> (tree core, marconi?)
 CACHES = {
@@ -137,8 +138,8 @@ def run_one(name: str, requests: list, cfg: ABConfig,
         "peak_kv_slots_used": peak_kv,
         "peak_state_slots_used": peak_mamba,
         "bookkeeping_ms_per_request": 1000 * statistics.fmean(times) if times else 0.0,
-        "bookkeeping_ms_p50": 1000 * _quantile(times, 0.50),
-        "bookkeeping_ms_p95": 1000 * _quantile(times, 0.95),
+        "bookkeeping_ms_p50": 1000 * quantile(times, 0.50),
+        "bookkeeping_ms_p95": 1000 * quantile(times, 0.95),
         "wall_seconds": wall,
     }
     if hasattr(cache, "marconi"):
@@ -146,13 +147,6 @@ def run_one(name: str, requests: list, cfg: ABConfig,
     del cache, replayer
     gc.collect()
     return result
-
-
-def _quantile(xs, q: float) -> float:
-    if not xs:
-        return 0.0
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(q * len(s)))]
 
 
 def run_ab(requests: list, cfg: ABConfig, show_progress: bool = True) -> dict:

@@ -1,16 +1,21 @@
 """The hybrid-model cost model: bytes per KV token and per SSM checkpoint, prefill FLOPs and
-FLOPs saved by a hit, derived from a model's config (see ``spec``, ``configs``, ``presets``)."""
+FLOPs saved by a hit, derived from a model's config (see ``spec``, ``configs``, ``presets``).
+
+Build a spec with ``preset_spec(name)``, ``spec_from_config_path(path)`` or
+``spec_from_hf_config(config)``; ``resolve_model`` serves the CLIs' ``--model/--config``."""
+from sglang_marconi.errors import UserError
+from sglang_marconi.model.configs import spec_from_config_path, spec_from_hf_config
+from sglang_marconi.model.presets import PRESETS, preset_spec
 from sglang_marconi.model.spec import HybridModelSpec, dtype_bytes
 
-__all__ = ["HybridModelSpec", "dtype_bytes", "resolve_model"]
+__all__ = ["PRESETS", "HybridModelSpec", "dtype_bytes", "preset_spec", "resolve_model",
+           "spec_from_config_path", "spec_from_hf_config"]
 
 
 def resolve_model(preset=None, config=None, dtype=None) -> HybridModelSpec:
     """The spec a CLI's ``--model PRESET`` / ``--config PATH`` pair names."""
-    from sglang_marconi.errors import UserError
-
     if bool(preset) == bool(config):
         raise UserError("give exactly one of --model PRESET or --config PATH")
     if config:
-        return HybridModelSpec.from_config_path(config, dtype=dtype)
-    return HybridModelSpec.from_preset(preset, dtype=dtype)
+        return spec_from_config_path(config, dtype=dtype)
+    return preset_spec(preset, dtype=dtype)

@@ -275,3 +275,8 @@ def spec_from_hf_config(cfg, name=None, dtype=None, ssm_dtype=None) -> HybridMod
     return HybridModelSpec(name=name or model_type, layers=tuple(layers), dtype=dtype,
                            architecture=model_type,
                            num_hidden_layers=getattr(cfg, "num_hidden_layers", 0) or 0)
+
+
+def spec_from_config_path(path, name=None, dtype=None, ssm_dtype=None) -> HybridModelSpec:
+    """From a Hugging Face ``config.json`` (or a model folder holding one)."""
+    return spec_from_hf_config(load_hf_config(path), name=name, dtype=dtype, ssm_dtype=ssm_dtype)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from sglang_marconi.errors import UserError
 from sglang_marconi.model.layers import AttentionLayer, MLPLayer, SSMLayer
+from sglang_marconi.model.configs import spec_from_hf_config
 from sglang_marconi.model.spec import HybridModelSpec, dtype_bytes
 
 PAPER_D = 4096
@@ -67,4 +68,4 @@ def preset_spec(name: str, dtype: str | None = None) -> HybridModelSpec:
     if cls is None:
         raise UserError(f"preset {name!r} needs transformers' {ARCH_PRESETS[key]}, which "
                         f"transformers {transformers.__version__} does not ship")
-    return HybridModelSpec.from_hf_config(cls(), name=key, dtype=dtype)
+    return spec_from_hf_config(cls(), name=key, dtype=dtype)

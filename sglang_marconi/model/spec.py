@@ -44,37 +44,6 @@ class HybridModelSpec:
     architecture: str = "custom"
     num_hidden_layers: int = 0  # decoder blocks as the config counts them
 
-    # -- construction ------------------------------------------------------------------
-    @classmethod
-    def from_hf_config(cls, config, name: str | None = None, dtype: str | None = None,
-                       ssm_dtype: str | None = None) -> "HybridModelSpec":
-        """From a transformers config object (``PretrainedConfig``)."""
-        from sglang_marconi.model.configs import spec_from_hf_config
-
-        return spec_from_hf_config(config, name=name, dtype=dtype, ssm_dtype=ssm_dtype)
-
-    @classmethod
-    def from_config_path(cls, path, name: str | None = None, dtype: str | None = None,
-                         ssm_dtype: str | None = None) -> "HybridModelSpec":
-        """From a Hugging Face ``config.json`` (or a model folder holding one)."""
-        from sglang_marconi.model.configs import load_hf_config
-
-        config = load_hf_config(path)
-        return cls.from_hf_config(config, name=name, dtype=dtype, ssm_dtype=ssm_dtype)
-
-    @classmethod
-    def from_preset(cls, preset: str, dtype: str | None = None) -> "HybridModelSpec":
-        """A named preset: ``paper-7b`` or an architecture's default config."""
-        from sglang_marconi.model.presets import preset_spec
-
-        return preset_spec(preset, dtype=dtype)
-
-    @staticmethod
-    def preset_names() -> list[str]:
-        from sglang_marconi.model.presets import PRESETS
-
-        return list(PRESETS)
-
     # -- layer views ---------------------------------------------------------------------
     @cached_property
     def attention_layers(self) -> tuple:

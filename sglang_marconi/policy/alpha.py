@@ -9,11 +9,12 @@ FLOPs saved``), so the simulator and the SGLang cache share this tuner.
 """
 from __future__ import annotations
 
-DEFAULT_GRID = tuple(round(0.1 * i, 1) for i in range(21))
+from sglang_marconi.policy import defaults
+DEFAULT_GRID = defaults.ALPHA_GRID
 
 
 class AlphaTuner:
-    def __init__(self, replay, grid=DEFAULT_GRID, multiplier: float = 5, initial: float = 0.0):
+    def __init__(self, replay, grid=DEFAULT_GRID, multiplier: float = defaults.BOOTSTRAP_MULTIPLIER, initial: float = 0.0):
         if multiplier <= 0:
             raise ValueError(f"bootstrap multiplier must be positive, got {multiplier}")
         self.replay = replay

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sglang_marconi.policy import defaults
 from sglang_marconi.policy.admission import (branch_checkpoint, cached_length,
                                              plan_block_checkpoints, plan_checkpoints)
 from sglang_marconi.policy.alpha import DEFAULT_GRID, AlphaTuner
@@ -70,6 +71,7 @@ class RequestPlan:
     kv_len: int
     branch_len: int
     checkpoint_positions: tuple  # positions inside the input to capture during prefill
+    reaches_end: bool = False    # marconi+: the input reaches a remembered request end
 
 
 class PrefixCache:
@@ -113,7 +115,8 @@ class PrefixCache:
 
     def __init__(self, spec, capacity_bytes: int | None = None, alpha=0.0,
                  admission: str = "marconi", grid: int = 1, block: int = 32,
-                 max_states_per_request: int = 2, bootstrap_multiplier: float = 5,
+                 max_states_per_request: int = defaults.PAPER_MAX_STATES_PER_REQUEST,
+                 bootstrap_multiplier: float = defaults.BOOTSTRAP_MULTIPLIER,
                  alpha_grid=DEFAULT_GRID, cache_output: bool = True,
                  record_hits: bool = False, reuse_weight: ReuseWeight | None = None,
                  ghost_tokens: int | None = None, end_threshold: float | None = None,
@@ -126,18 +129,11 @@ class PrefixCache:
             raise ValueError(f"unknown branch rule {branch_rule!r}")
         if evict_at not in ("finish", "begin"):
             raise ValueError(f"unknown eviction timing {evict_at!r}")
-        self.branch_rule = branch_rule
-        self.evict_at = evict_at
-        self.renormalise = renormalise
+        self.spec, self.capacity, self.admission = spec, capacity_bytes, admission
+        self.grid, self.block, self.max_states = grid, block, max_states_per_request
+        self.branch_rule, self.evict_at, self.renormalise = branch_rule, evict_at, renormalise
         self.insert_clock_offset = insert_clock_offset
-        self.spec = spec
-        self.capacity = capacity_bytes
-        self.admission = admission
-        self.grid = grid
-        self.block = block
-        self.max_states = max_states_per_request
-        self.cache_output = cache_output
-        self.record_hits = record_hits
+        self.cache_output, self.record_hits = cache_output, record_hits
         self.stats = CacheStats()
         self.auto_alpha = alpha == "auto"
         self.online_alpha = alpha == "online"
@@ -226,13 +222,12 @@ class PrefixCache:
             ghost_branch, ghost_end = self.ghost.lookup(tokens, max(0, n - 1))
             if self.branch_rule != "none":  # "none": no branch states, remembered or not
                 branch_len = max(branch_len, ghost_branch)
-            if ghost_end and self.end_usefulness is not None:
-                self.end_usefulness.observe_reuse()
         positions = ()
         if self.admission == "marconi":
             b = branch_checkpoint(n, m.hit_len, branch_len, self.grid, self.max_states)
             positions = (b,) if b else ()
-        return RequestPlan(now, tokens, m.hit_len, m.hit_node, m.kv_len, branch_len, positions)
+        return RequestPlan(now, tokens, m.hit_len, m.hit_node, m.kv_len, branch_len, positions,
+                           reaches_end=self.ghost is not None and bool(ghost_end))
 
     def _plan(self, plan: RequestPlan, full_len: int):
         n = len(plan.input_tokens)
@@ -262,8 +257,8 @@ class PrefixCache:
         if self.ghost is not None:
             end = self._end_position(plan, len(full), adm)
             self.ghost.record(full, end, plan.index)
-            if self.end_usefulness is not None and end:
-                self.end_usefulness.observe_end()
+            if self.end_usefulness is not None:
+                self.end_usefulness.observe_request(plan.reaches_end, bool(end))
         if adm.positions and adm.positions[-1] != adm.branch_len:
             admit = (self.end_usefulness.admit() if self.end_usefulness is not None else True)
             if self.end_admission is not None:

@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import math
 
+from sglang_marconi.policy import defaults
+
 
 class ReuseWeight:
-    def __init__(self, branch_bonus: float = 2.0, half_life: float = math.inf,
-                 chain_weight: float = 0.0):
+    def __init__(self, branch_bonus: float = defaults.BRANCH_BONUS, half_life: float = math.inf,
+                 chain_weight: float = defaults.CHAIN_WEIGHT):
         if branch_bonus < 0 or half_life <= 0 or chain_weight < 0:
             raise ValueError("branch_bonus and chain_weight must be >= 0, half_life > 0")
         self.branch_bonus = branch_bonus
@@ -52,16 +54,17 @@ class ReuseWeight:
 class EndStateUsefulness:
     """Beta(1, 1)-smoothed rate at which end-of-request positions are reached again."""
 
-    def __init__(self, threshold: float = 0.05):
+    def __init__(self, threshold: float = defaults.END_THRESHOLD):
         self.threshold = threshold
         self.ends = 0
         self.reused = 0
 
-    def observe_end(self) -> None:
-        self.ends += 1
-
-    def observe_reuse(self) -> None:
-        self.reused += 1
+    def observe_request(self, reaches_end: bool, has_end: bool) -> None:
+        """A finished request, counted before its own end state is admitted or not: it
+        reached a remembered end (one reuse) and / or has an end state of its own beyond
+        its hit (one end). The simulator and the SGLang cache both count here."""
+        self.reused += bool(reaches_end)
+        self.ends += bool(has_end)
 
     @property
     def rate(self) -> float:

@@ -13,9 +13,10 @@ bookkeeping, which ``scripts/bench_beyond.py`` measures against the real cache's
 """
 from __future__ import annotations
 
+from sglang_marconi.policy import defaults
 from collections import deque
 
-DEFAULT_ALPHAS = (0.0, 0.5, 1.0, 2.0)
+DEFAULT_ALPHAS = defaults.ONLINE_ALPHAS
 _HASH_MULT = 0x9E3779B97F4A7C15
 _MASK = (1 << 64) - 1
 
@@ -28,8 +29,10 @@ def in_sample(first_token: int, rate: float) -> bool:
 
 
 class OnlineAlpha:
-    def __init__(self, make_shadow, alphas=DEFAULT_ALPHAS, window: int = 200,
-                 period: int = 50, hysteresis: float = 0.02, sample: float = 1.0,
+    def __init__(self, make_shadow, alphas=DEFAULT_ALPHAS, window: int = defaults.ONLINE_WINDOW,
+                 period: int = defaults.ONLINE_PERIOD,
+                 hysteresis: float = defaults.ONLINE_HYSTERESIS,
+                 sample: float = defaults.ONLINE_SAMPLE,
                  initial: float = 0.0):
         if not alphas or window <= 0 or period <= 0 or not 0 < sample <= 1:
             raise ValueError("online alpha: need alphas, window > 0, period > 0, 0 < sample <= 1")

@@ -77,6 +77,11 @@ class VictimQueue:
     def __contains__(self, node) -> bool:
         return node in self._live
 
+    @property
+    def heap_size(self) -> int:
+        """Entries in the heap, stale ones included (what compaction keeps bounded)."""
+        return len(self._heap)
+
     def set_alpha(self, alpha: float) -> None:
         if float(alpha) != self.alpha:
             self.alpha = float(alpha)

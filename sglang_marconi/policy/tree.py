@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sglang_marconi.policy.scoring import VictimQueue, flop_efficiency
+from sglang_marconi.policy.ranking import ranked_efficiency, states_below
+from sglang_marconi.policy.scoring import VictimQueue
 
 
 def as_tokens(tokens) -> np.ndarray:
@@ -123,13 +124,24 @@ class RadixTree:
                 hit_node, hit_len = node, node.prefix_len
         return Match(hit_len, hit_node, pos, node, edge_node, branch_len)
 
-    # ---- candidates -------------------------------------------------------------------------
-    def nearest_state_ancestor_len(self, node: Node) -> int:
-        p = node.parent
-        while p is not None and p is not self.root and not p.has_state:
-            p = p.parent
-        return 0 if p is None or p is self.root else p.prefix_len
+    # ---- the ranking rules' view of this tree (``ranking.TreeAdapter``) ---------------------
+    @staticmethod
+    def depth(node: Node) -> int:
+        return node.prefix_len
 
+    @staticmethod
+    def has_state(node: Node) -> bool:
+        return node.has_state
+
+    @staticmethod
+    def parent(node: Node):
+        return node.parent
+
+    @staticmethod
+    def children(node: Node):
+        return node.children.values()
+
+    # ---- candidates -------------------------------------------------------------------------
     def freed_bytes(self, node: Node) -> int:
         if node.children:
             return self.state_bytes if node.has_state else 0
@@ -145,9 +157,8 @@ class RadixTree:
         return node.lock_ref <= 0 and self._evictable_shape(node)
 
     def efficiency(self, node: Node) -> float:
-        e = flop_efficiency(self.spec, node.prefix_len, self.nearest_state_ancestor_len(node),
-                            self.freed_bytes(node), node.has_state)
-        return e * self.value_weight(node) if self.value_weight is not None and e else e
+        return ranked_efficiency(self.spec, self, node, self.freed_bytes(node),
+                                 self.value_weight)
 
     def refresh(self, node: Node) -> None:
         """Re-evaluate whether ``node`` is a candidate and its score."""
@@ -163,14 +174,8 @@ class RadixTree:
             self.queue.discard(node)
 
     def _refresh_state_descendants(self, node: Node) -> None:
-        """Candidates whose nearest checkpointed ancestor is ``node`` (their saved FLOPs are
-        measured from it) after ``node`` gained or lost its state."""
-        stack = list(node.children.values())
-        while stack:
-            n = stack.pop()
-            self.refresh(n)
-            if not n.has_state:
-                stack.extend(n.children.values())
+        for x in states_below(self, node):
+            self.refresh(x)
 
     # ---- locking ----------------------------------------------------------------------------
     def lock(self, node: Node) -> None:
@@ -269,12 +274,12 @@ class RadixTree:
             if p > m.kv_len:
                 new_states += 1
                 continue
-            node = self._node_at(tokens, p)
+            node = self.node_at(tokens, p)
             if node is None or not node.has_state:
                 new_states += 1
         return new_kv * self.kv_bytes + new_states * self.state_bytes
 
-    def _node_at(self, tokens: np.ndarray, pos: int) -> Node | None:
+    def node_at(self, tokens: np.ndarray, pos: int) -> Node | None:
         """The node ending exactly at ``pos`` along ``tokens`` (None if mid-edge)."""
         node, p = self.root, 0
         while p < pos:

@@ -13,11 +13,11 @@ logger = logging.getLogger("sglang_marconi.cache")
 
 def model_spec(model_config):
     """The cost model (``HybridModelSpec``) of the served model, from its HF config."""
-    from sglang_marconi.model import HybridModelSpec
+    from sglang_marconi.model import spec_from_hf_config
 
     hf = getattr(model_config, "hf_text_config", None) or model_config.hf_config
     try:
-        return HybridModelSpec.from_hf_config(hf)
+        return spec_from_hf_config(hf)
     except Exception as exc:
         arch = getattr(hf, "architectures", None) or [type(hf).__name__]
         raise ValueError(f"--cache-policy marconi: no cost model for {arch[0]}: {exc}") from None

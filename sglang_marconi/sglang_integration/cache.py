@@ -50,7 +50,8 @@ class MarconiUnifiedRadixCache(UnifiedRadixCache):
             settings or MarconiSettings(), spec, grid=grid,
             kv_tokens=params.token_to_kv_pool_allocator.size,
             state_slots=params.req_to_token_pool.mamba_pool.size,
-            page_size=params.page_size, extra_buffer=params.enable_mamba_extra_buffer)
+            page_size=params.page_size, extra_buffer=params.enable_mamba_extra_buffer,
+            cache_class=type(self))
         self._busy = 0  # re-entrancy of the timed calls (a match may evict)
         super().__init__(params)
         self.marconi.tree_tokens = lambda: self.full_evictable_size() + self.full_protected_size()

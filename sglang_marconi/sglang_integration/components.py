@@ -53,6 +53,7 @@ from sglang.srt.mem_cache.unified_cache.components.base import (
 from sglang.srt.mem_cache.unified_cache.components.full import FullComponent
 from sglang.srt.mem_cache.unified_cache.components.mamba import MambaComponent
 
+from sglang_marconi.policy.ranking import states_below
 from sglang_marconi.policy.scoring import VictimQueue
 
 MAMBA = ComponentType.MAMBA
@@ -88,29 +89,32 @@ def token_depth(node) -> int:
     return d
 
 
-def state_ancestor_depth(node) -> int:
-    """Token depth of the nearest proper ancestor holding a state (0: the root)."""
-    p = node.parent
-    while p is not None and p.parent is not None:
-        if has_state(p):
-            return token_depth(p)
-        p = p.parent
-    return 0
+class _SGLangTree:
+    """The ranking rules' view of SGLang's tree (``policy.ranking.TreeAdapter``)."""
+
+    depth = staticmethod(token_depth)
+    has_state = staticmethod(has_state)
+
+    @staticmethod
+    def parent(node):
+        return node.parent
+
+    @staticmethod
+    def children(node):
+        return node.children.values()
+
+
+SGLANG_TREE = _SGLangTree()
 
 
 def rekey_state_change(cache, node) -> None:
-    """``node`` gained or lost its state: re-key it in the FULL queue and every state below
-    it whose nearest checkpointed ancestor it now is or was (both queues)."""
+    """``node`` gained or lost its state: re-key it in the FULL queue and the states whose
+    nearest checkpointed ancestor it now is or was (``ranking.states_below``, both queues)."""
     mamba, full = cache.components[MAMBA], cache.components[FULL]
     full.track(node)
-    stack = list(node.children.values())
-    while stack:
-        x = stack.pop()
-        if has_state(x):
-            mamba.track(x)
-            full.track(x)
-        else:
-            stack.extend(x.children.values())
+    for x in states_below(SGLANG_TREE, node):
+        mamba.track(x)
+        full.track(x)
 
 
 class _ScoredQueue:

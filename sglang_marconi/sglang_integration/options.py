@@ -15,6 +15,8 @@ import os
 from dataclasses import dataclass
 from typing import Optional, Union
 
+from sglang_marconi.policy import defaults
+
 BACKEND_NAME = "marconi"
 POLICIES = ("lru", "marconi", "marconi+")
 ENV_ALPHA = "SGLANG_MARCONI_ALPHA"
@@ -46,24 +48,24 @@ class MarconiSettings:
     """What the Marconi cache needs beyond SGLang's own arguments."""
 
     alpha: Union[float, str] = "auto"  # a number >= 0, "auto" (bootstrap) or "online"
-    bootstrap_multiplier: float = 5.0  # k: tune after k x (requests until first eviction)
-    max_states_per_request: int = -1   # states one request may leave in the tree; -1: no cap
+    bootstrap_multiplier: float = defaults.BOOTSTRAP_MULTIPLIER  # k: tune after k x (requests until first eviction)
+    max_states_per_request: int = defaults.SERVER_MAX_STATES_PER_REQUEST  # states one request may leave in the tree; -1: no cap
     # alpha = online: the shadow caches' alphas, the sliding window (requests) and the
     # fraction of prefix families (by first token) the shadows see
-    online_alphas: tuple = (0.0, 0.5, 1.0, 2.0)
-    online_window: int = 200
-    online_sample: float = 1.0
+    online_alphas: tuple = defaults.ONLINE_ALPHAS
+    online_window: int = defaults.ONLINE_WINDOW
+    online_sample: float = defaults.ONLINE_SAMPLE
     # refresh the min-max bounds of the utility over all candidates at every eviction walk
     # (the paper's rule, O(candidates) per walk) while a queue holds at most this many
     # candidates; above it, the amortised refresh (O(log n) per eviction). -1: always.
-    renormalise_limit: int = 1024
+    renormalise_limit: int = defaults.RENORMALISE_LIMIT
     # marconi+ (docs/beyond.md): victims ranked by reuse-weighted FLOPs saved per byte with
     # GDSF aging (no alpha), a ghost index of ``ghost_factor`` x the KV pool's tokens for
     # branch points past evictions, end-of-request states admitted while their measured
     # reuse rate is >= ``end_threshold``
     plus: bool = False
-    ghost_factor: float = 10.0
-    end_threshold: float = 0.05
+    ghost_factor: float = defaults.GHOST_FACTOR
+    end_threshold: float = defaults.END_THRESHOLD
 
     def __post_init__(self):
         parse_alpha(self.alpha)
@@ -211,7 +213,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--marconi-bootstrap-multiplier", dest="marconi_bootstrap_multiplier",
                        type=float, default=None,
                        help="With --marconi-alpha auto: tune once k x (requests before the "
-                            "first eviction) requests were seen (default 5).")
+                            f"first eviction) requests were seen (default {defaults.BOOTSTRAP_MULTIPLIER:g}).")
     group.add_argument("--marconi-max-states-per-request", dest="marconi_max_states",
                        type=int, default=None,
                        help="SSM states one request may leave in the tree: the branch point "
@@ -224,32 +226,33 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                             "candidates at every eviction walk, as the paper does, while a "
                             "pool has at most this many eviction candidates; above it the "
                             "refresh is amortised (O(log n) per eviction). -1: always per "
-                            "walk; 0: always amortised (default 1024).")
+                            f"walk; 0: always amortised (default {defaults.RENORMALISE_LIMIT}).")
     group.add_argument("--marconi-ghost-factor", dest="marconi_ghost_factor", type=float,
                        default=None,
                        help="With --cache-policy marconi+: the ghost index remembers the "
                             "token ids of this many times the KV pool's token slots (host "
                             "memory, 8 bytes an id; 0 turns it and learned end-state "
-                            "admission off; default 10).")
+                            f"admission off; default {defaults.GHOST_FACTOR:g}).")
     group.add_argument("--marconi-end-threshold", dest="marconi_end_threshold", type=float,
                        default=None,
                        help="With --cache-policy marconi+: end-of-request states are kept "
                             "while the measured rate at which later requests reach them is "
-                            "at least this (0 keeps them all; default 0.05).")
+                            f"at least this (0 keeps them all; default {defaults.END_THRESHOLD:g}).")
     group.add_argument("--marconi-online-alphas", dest="marconi_online_alphas",
                        type=_alphas_arg, default=None,
                        help="With --marconi-alpha online: the alphas of the shadow caches, "
-                            "comma-separated (default 0,0.5,1,2).")
+                            "comma-separated (default "
+                            + ",".join(f"{a:g}" for a in defaults.ONLINE_ALPHAS) + ").")
     group.add_argument("--marconi-online-window", dest="marconi_online_window", type=int,
                        default=None,
                        help="With --marconi-alpha online: the sliding window, in finished "
                             "requests, over which the shadows' FLOPs saved are compared "
-                            "(every quarter window; default 200).")
+                            f"(every quarter window; default {defaults.ONLINE_WINDOW}).")
     group.add_argument("--marconi-online-sample", dest="marconi_online_sample", type=float,
                        default=None,
                        help="With --marconi-alpha online: the fraction of prefix families "
                             "(by first token) the shadows see, their capacity scaled alike "
-                            "(default 1).")
+                            f"(default {defaults.ONLINE_SAMPLE:g}).")
 
 
 def settings_from_namespace(args) -> Optional[MarconiSettings]:

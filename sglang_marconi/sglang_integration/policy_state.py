@@ -8,7 +8,7 @@ alpha = online. ``OnlineAlpha`` keeps one shadow cache per candidate alpha: a si
 ``PrefixCache`` (tree metadata only, no tensors) configured as the simulator's image of
 this cache's state pool, the configuration in which ``tests/test_parity.py`` shows the
 simulator making SGLang's eviction decisions: a budget of the state slots a running
-request leaves to the tree, KV free (``StatePoolCost``), SGLang's eviction timing,
+request leaves to the tree, KV free (``policy.mirror``), SGLang's eviction timing,
 normalisation, recency stamps and branch rule (none without the extra buffer), this
 cache's checkpoint grid and state cap (2, the paper's, when uncapped). Every finished
 request (its prompt and the tokens whose KV exists at finish: prompt + output minus the
@@ -44,12 +44,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 from sglang_marconi.policy.admission import branch_checkpoint
-from sglang_marconi.policy.scoring import flop_efficiency
-from sglang_marconi.sglang_integration.components import (
-    has_state,
-    state_ancestor_depth,
-    token_depth,
-)
+from sglang_marconi.policy.defaults import PAPER_MAX_STATES_PER_REQUEST, running_state_slots
+from sglang_marconi.policy.mirror import state_pool_image
+from sglang_marconi.policy.ranking import ranked_efficiency
+from sglang_marconi.sglang_integration.components import SGLANG_TREE, has_state
 from sglang_marconi.sglang_integration.options import MarconiSettings
 from sglang_marconi.sglang_integration.stats import MarconiStats
 
@@ -57,20 +55,6 @@ logger = logging.getLogger("sglang_marconi.cache")
 
 NO_CAP = 1 << 30
 LOG_EVERY = 200  # requests between two summary log lines
-
-
-class StatePoolCost:
-    """A cost model as SGLang's state pool sees it: KV has its own pool, so it is free; a
-    simulator cache with this spec budgets state slots only."""
-
-    kv_bytes_per_token = 0
-
-    def __init__(self, spec):
-        self._spec = spec
-        self.ssm_state_bytes = spec.ssm_state_bytes
-
-    def __getattr__(self, name):
-        return getattr(self._spec, name)
 
 
 @dataclass
@@ -94,7 +78,8 @@ class MarconiPolicyState:
     max_tracked_requests = 1 << 16  # plans of requests that matched but never finished
 
     def __init__(self, settings: MarconiSettings, spec, grid: int, kv_tokens: int,
-                 state_slots: int, page_size: int = 1, extra_buffer: bool = False):
+                 state_slots: int, page_size: int = 1, extra_buffer: bool = False,
+                 cache_class=None):
         self.settings = settings
         self.spec = spec
         self.grid = max(1, grid)
@@ -121,7 +106,7 @@ class MarconiPolicyState:
         if settings.online_alpha:
             from sglang_marconi.policy.online import OnlineAlpha
 
-            self.online = OnlineAlpha(self._make_shadow, alphas=settings.online_alphas,
+            self.online = OnlineAlpha(self.make_shadow, alphas=settings.online_alphas,
                                       window=settings.online_window,
                                       period=settings.online_period,
                                       sample=settings.online_sample)
@@ -130,8 +115,9 @@ class MarconiPolicyState:
             from sglang_marconi.policy.alpha import AlphaTuner
             from sglang_marconi.sglang_integration.shadow import TUNING_GRID, ShadowReplay
 
-            self.shadow = ShadowReplay(spec, settings, kv_tokens, state_slots, page_size,
-                                       extra_buffer)
+            # the auto tuner replays the window through shadow caches of the live class
+            self.shadow = ShadowReplay(cache_class, spec, settings, kv_tokens, state_slots,
+                                       page_size, extra_buffer)
             self.tuner = AlphaTuner(self._replay_window, grid=TUNING_GRID,
                                     multiplier=settings.bootstrap_multiplier)
         self.reuse = self.ghost = self.end_usefulness = None
@@ -149,20 +135,15 @@ class MarconiPolicyState:
         self.stats.alpha_tuned = not settings.auto_alpha
 
     # -- alpha ---------------------------------------------------------------------------
-    def _make_shadow(self, alpha: float, sample: float):
+    def make_shadow(self, alpha: float, sample: float):
         """A metadata-only simulator cache mirroring this one's state pool, fixed alpha."""
-        from sglang_marconi.policy.cache import PrefixCache
-
-        running = 3 if self.extra_buffer else 1  # slots a running request holds
-        slots = max(1, self.state_slots - running)
         limit = self.settings.renormalise_limit  # the real cache's normalisation rule
-        return PrefixCache(
-            StatePoolCost(self.spec), int(slots * self.spec.ssm_state_bytes * sample),
-            alpha=alpha, grid=self.grid,
-            max_states_per_request=self.max_states if self.capped else 2,
-            branch_rule="kv" if self.extra_buffer else "none", evict_at="begin",
-            renormalise=limit < 0 or slots <= limit,
-            insert_clock_offset=0.5)
+        slots = max(1, self.state_slots - running_state_slots(self.extra_buffer))
+        return state_pool_image(
+            self.spec, self.state_slots, extra_buffer=self.extra_buffer, grid=self.grid,
+            alpha=alpha, sample=sample, renormalise=limit < 0 or slots <= limit,
+            max_states_per_request=(self.max_states if self.capped
+                                    else PAPER_MAX_STATES_PER_REQUEST))
 
     @staticmethod
     def _finished_tokens(req):
@@ -243,9 +224,8 @@ class MarconiPolicyState:
         return "gdsf" if self.reuse is not None else "marconi"
 
     def _efficiency(self, node, freed_bytes: float) -> float:
-        e = flop_efficiency(self.spec, token_depth(node), state_ancestor_depth(node),
-                            freed_bytes, has_state(node))
-        return e * self.reuse_weight(node) if self.reuse is not None and e else e
+        return ranked_efficiency(self.spec, SGLANG_TREE, node, freed_bytes,
+                                 self.reuse_weight if self.reuse is not None else None)
 
     def reuse_weight(self, node) -> float:
         """marconi+: ``ReuseWeight`` of a tree node (its hit score and the most children it
@@ -331,6 +311,10 @@ class MarconiPolicyState:
             ghost_end=reaches_end,
             hit_node=self._matched_node if hit else None)
 
+    def plan(self, rid: str) -> Optional[RequestAdmission]:
+        """The admission plan of request ``rid`` (matched, not yet released), or None."""
+        return self._requests.get(rid)
+
     def _admission(self, req) -> RequestAdmission:
         adm = self._requests.get(req.rid)
         if adm is None:  # a request that never matched with req= (should not happen)
@@ -367,10 +351,7 @@ class MarconiPolicyState:
             # the simulator's moments: reaching a remembered end counts as a reuse, having
             # an end state of one's own as an end, both before the decision below
             if self.end_usefulness is not None:
-                if adm.ghost_end:
-                    self.end_usefulness.observe_reuse()
-                if adm.end:
-                    self.end_usefulness.observe_end()
+                self.end_usefulness.observe_request(adm.ghost_end, bool(adm.end))
         if adm.branch and position == adm.branch:
             adm.pending = "branch"  # the branch snapshot arrives as the final state
             return True

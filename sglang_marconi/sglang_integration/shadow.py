@@ -16,23 +16,25 @@ from __future__ import annotations
 import functools
 import time
 from array import array
+from dataclasses import dataclass
+from typing import Any
 
 # A coarse grid: each point is a full replay of the window through SGLang's cache code.
 TUNING_GRID = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)
 
 
+@dataclass
 class ShadowReplay:
     """``replay(window, alpha)`` over window items ``(input_ids array('q'), output_ids)``."""
 
-    def __init__(self, spec, settings, kv_tokens: int, state_slots: int, page_size: int,
-                 extra_buffer: bool):
-        self.spec = spec
-        self.settings = settings
-        self.kv_tokens = kv_tokens
-        self.state_slots = state_slots
-        self.page_size = page_size
-        self.extra_buffer = extra_buffer
-        self.seconds = 0.0
+    cache_class: Any  # the live cache's class (``MarconiUnifiedRadixCache``)
+    spec: Any
+    settings: Any
+    kv_tokens: int
+    state_slots: int
+    page_size: int
+    extra_buffer: bool
+    seconds: float = 0.0
 
     def _chunk_size(self) -> int:
         from sglang.srt.runtime_context import get_schedule
@@ -45,7 +47,6 @@ class ShadowReplay:
 
         import torch
 
-        from sglang_marconi.sglang_integration.cache import MarconiUnifiedRadixCache
         from sglang_marconi.driver.pools import PoolConfig, build_cache
         from sglang_marconi.driver.replay import Replayer, ReplayRequest
 
@@ -58,7 +59,7 @@ class ShadowReplay:
                             page_size=self.page_size, max_context_len=longest + 2 * self.page_size,
                             extra_buffer=self.extra_buffer)
             settings = dataclasses.replace(self.settings, alpha=float(alpha))
-            cls = functools.partial(MarconiUnifiedRadixCache, settings=settings, spec=self.spec)
+            cls = functools.partial(self.cache_class, settings=settings, spec=self.spec)
             cache = build_cache(pc, cache_class=cls, tree_core="python", keep_global_args=True)[0]
             replayer = Replayer(cache, chunked_prefill_size=self._chunk_size())
             saved = 0.0

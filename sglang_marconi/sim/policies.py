@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sglang_marconi.errors import UserError
+from sglang_marconi.policy import defaults
 from sglang_marconi.policy.cache import PrefixCache
 
 BASE_POLICIES = ("vllm+", "sglang+", "marconi", "infinite")
@@ -98,14 +99,16 @@ def build_cache(policy: PolicySpec, spec, capacity, grid: int = 1, trace=None) -
 def _offline(p, spec, cap, grid, trace):
     from sglang_marconi.policy.offline import offline_cache
 
-    ghost = _number(p, "ghost", float, 10.0, 0.0)
+    ghost = _number(p, "ghost", float, defaults.GHOST_FACTOR, 0.0)
     ghost_tokens = ghost_budget(ghost, spec, cap)
     return offline_cache(spec, cap, trace.requests, grid,
-                         _number(p, "max_states", int, 2, 0), ghost_tokens)
+                         _number(p, "max_states", int, defaults.PAPER_MAX_STATES_PER_REQUEST, 0),
+                         ghost_tokens)
 
 
 def _common(policy):
-    return dict(max_states_per_request=_number(policy, "max_states", int, 2, 0))
+    return dict(max_states_per_request=_number(policy, "max_states", int,
+                                                 defaults.PAPER_MAX_STATES_PER_REQUEST, 0))
 
 
 def _online(p: PolicySpec) -> dict:
@@ -136,12 +139,12 @@ def _marconi_plus(p, spec, cap, grid):
 
     from sglang_marconi.policy.likelihood import ReuseWeight
 
-    weight = ReuseWeight(branch_bonus=_number(p, "bonus", float, 2.0, 0.0),
+    weight = ReuseWeight(branch_bonus=_number(p, "bonus", float, defaults.BRANCH_BONUS, 0.0),
                          half_life=_number(p, "half_life", float, math.inf, 1.0),
-                         chain_weight=_number(p, "chain", float, 0.0, 0.0))
-    ghost = _number(p, "ghost", float, 10.0, 0.0)
+                         chain_weight=_number(p, "chain", float, defaults.CHAIN_WEIGHT, 0.0))
+    ghost = _number(p, "ghost", float, defaults.GHOST_FACTOR, 0.0)
     ghost_tokens = ghost_budget(ghost, spec, cap)
-    threshold = _number(p, "end_threshold", float, 0.05, 0.0) if ghost_tokens else None
+    threshold = _number(p, "end_threshold", float, defaults.END_THRESHOLD, 0.0) if ghost_tokens else None
     return PrefixCache(spec, cap, grid=grid, reuse_weight=weight, ghost_tokens=ghost_tokens,
                        end_threshold=threshold, **_common(p))
 
@@ -154,7 +157,7 @@ POLICY_BUILDERS = {
                                                       **_common(p)),
     "marconi": lambda p, spec, cap, grid: PrefixCache(
         spec, cap, alpha=_alpha(p), grid=grid,
-        bootstrap_multiplier=_number(p, "k", float, 5, 0.1), online=_online(p), **_common(p)),
+        bootstrap_multiplier=_number(p, "k", float, defaults.BOOTSTRAP_MULTIPLIER, 0.1), online=_online(p), **_common(p)),
     "infinite": lambda p, spec, cap, grid: PrefixCache(spec, None, alpha=0.0, grid=grid,
                                                        **_common(p)),
     "marconi+": _marconi_plus,

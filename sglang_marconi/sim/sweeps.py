@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from sglang_marconi.model.layers import AttentionLayer, MLPLayer, SSMLayer
-from sglang_marconi.model.presets import PAPER_D, PAPER_N
+from sglang_marconi.model.presets import PAPER_D, PAPER_N, preset_spec
 from sglang_marconi.model.spec import HybridModelSpec, dtype_bytes
 from sglang_marconi.sim.latency import LatencyModel
 from sglang_marconi.sim.policies import build_cache, parse_policy
@@ -88,7 +88,7 @@ def model_spec(name: str) -> HybridModelSpec:
             else:
                 raise ValueError(f"unknown paper-7b variant field {key!r} in {name!r}")
         return paper_variant(ratio, n, name=name)
-    return HybridModelSpec.from_preset(name)
+    return preset_spec(name)
 
 
 def describe_model(spec: HybridModelSpec) -> str:

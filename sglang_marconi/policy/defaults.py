@@ -1,0 +1,36 @@
+"""Every default of the Marconi / marconi+ policy, in one place.
+
+The simulator (``policy.cache``, ``sim.policies``), the SGLang server flags
+(``sglang_integration.options``) and the A/B command (``cli.ab``) read these names; a
+default changed here changes everywhere.
+"""
+from __future__ import annotations
+
+# -- admission (the paper) --------------------------------------------------------------------
+PAPER_MAX_STATES_PER_REQUEST = 2   # the branch point and the state after the last token
+SERVER_MAX_STATES_PER_REQUEST = -1  # the SGLang cache: every state SGLang takes (no cap)
+
+# -- alpha --------------------------------------------------------------------------------------
+ALPHA_GRID = tuple(round(0.1 * i, 1) for i in range(21))  # the paper's tuning grid
+BOOTSTRAP_MULTIPLIER = 5.0         # tune after k x (requests until the first eviction)
+ONLINE_ALPHAS = (0.0, 0.5, 1.0, 2.0)
+ONLINE_WINDOW = 200                # requests the online shadows are compared over
+ONLINE_PERIOD = 50                 # requests between two comparisons (simulator)
+ONLINE_HYSTERESIS = 0.02           # a new alpha must beat the current one by 2%
+ONLINE_SAMPLE = 1.0                # fraction of prefix families the shadows see
+RENORMALISE_LIMIT = 1024           # per-walk min-max refresh up to this many candidates
+
+# -- marconi+ -----------------------------------------------------------------------------------
+BRANCH_BONUS = 2.0                 # reuse weight of a node that was ever a branch point
+CHAIN_WEIGHT = 0.0                 # reuse weight of a chain state (one child, never a branch)
+GHOST_FACTOR = 10.0                # ghost index tokens = factor x the KV tokens the cache holds
+END_THRESHOLD = 0.05               # admit end states while their reuse rate is at least this
+
+# -- SGLang's mechanics the simulator mirrors ---------------------------------------------------
+INSERT_CLOCK_OFFSET = 0.5          # SGLang stamps an insert after the latest match
+
+
+def running_state_slots(extra_buffer: bool) -> int:
+    """State slots one running SGLang request holds: working + 2 ping-pong with the extra
+    buffer, the working slot alone without."""
+    return 3 if extra_buffer else 1

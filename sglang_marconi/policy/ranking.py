@@ -1,0 +1,67 @@
+"""The ranking inputs of a victim, computed once for every tree: the simulator's and SGLang's.
+
+A tree is seen through a ``TreeAdapter`` (depth of a node, does it hold a state, its
+parent, its children); the simulator's ``RadixTree`` and the SGLang components each
+provide one. The rules that live here and nowhere else:
+
+- ``nearest_state_depth``: the depth of the nearest proper ancestor holding a state (0: the
+  root). A hit at a node saves the FLOPs between that ancestor and the node.
+- ``ranked_efficiency``: FLOP efficiency (``scoring.flop_efficiency``) of a node per byte
+  its eviction frees, times its reuse weight (marconi+) when one is given.
+- ``states_below``: the nodes whose ranking inputs change when a node gains or loses its
+  state: the states below it down to the next state on each path (their nearest
+  checkpointed ancestor was or becomes that node). Stateless nodes in between rank at 0
+  whatever their ancestors hold, so they are not re-keyed.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterator, Optional, Protocol
+
+from sglang_marconi.model.cost import CostModel
+from sglang_marconi.policy.scoring import flop_efficiency
+
+
+class TreeAdapter(Protocol):
+    """What the ranking rules ask of a tree."""
+
+    def depth(self, node) -> int:
+        """Tokens from the root to the end of ``node``."""
+
+    def has_state(self, node) -> bool:
+        """Whether ``node`` holds an SSM-state checkpoint."""
+
+    def parent(self, node):
+        """``node``'s parent, or None for the root."""
+
+    def children(self, node):
+        """``node``'s children (an iterable)."""
+
+
+def nearest_state_depth(tree: TreeAdapter, node) -> int:
+    """Depth of the nearest proper ancestor of ``node`` holding a state (0: the root)."""
+    p = tree.parent(node)
+    while p is not None and tree.parent(p) is not None:
+        if tree.has_state(p):
+            return tree.depth(p)
+        p = tree.parent(p)
+    return 0
+
+
+def ranked_efficiency(spec: CostModel, tree: TreeAdapter, node, freed_bytes: float,
+                      weight: Optional[Callable] = None) -> float:
+    """FLOPs a hit at ``node`` saves over its nearest checkpointed ancestor per byte freed,
+    times ``weight(node)`` (marconi+'s reuse likelihood) when given."""
+    e = flop_efficiency(spec, tree.depth(node), nearest_state_depth(tree, node), freed_bytes,
+                        tree.has_state(node))
+    return e * weight(node) if weight is not None and e else e
+
+
+def states_below(tree: TreeAdapter, node) -> Iterator:
+    """The states to re-key after ``node`` gained or lost its state (see the module doc)."""
+    stack = list(tree.children(node))
+    while stack:
+        x = stack.pop()
+        if tree.has_state(x):
+            yield x
+        else:
+            stack.extend(tree.children(x))
