@@ -144,3 +144,20 @@ def test_model_info_cli(tmp_path):
         r = _cli("model-info", *args)
         assert r.returncode == 2
         assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: "), r.stderr
+
+
+def test_cost_models_implement_the_protocol():
+    from sglang_marconi.model.cost import CostModel
+    from sglang_marconi.policy.ghost import UnitCost
+    from sglang_marconi.policy.mirror import StatePoolCost
+
+    spec = preset_spec("paper-7b")
+    for model in (spec, UnitCost(), StatePoolCost(spec)):
+        assert isinstance(model, CostModel), model
+    assert StatePoolCost(spec).kv_bytes_per_token == 0
+    assert StatePoolCost(spec).flops_saved(1000, 10) == spec.flops_saved(1000, 10)
+
+    class NoFlops:
+        name, kv_bytes_per_token, ssm_state_bytes = "x", 1, 1
+
+    assert not isinstance(NoFlops(), CostModel)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sglang_marconi.model.cost import CostModel
 from sglang_marconi.policy import defaults
 from sglang_marconi.policy.admission import (branch_checkpoint, cached_length,
                                              plan_block_checkpoints, plan_checkpoints)
@@ -113,7 +114,7 @@ class PrefixCache:
       between amortised refreshes; O(candidates) per eviction.
     """
 
-    def __init__(self, spec, capacity_bytes: int | None = None, alpha=0.0,
+    def __init__(self, spec: CostModel, capacity_bytes: int | None = None, alpha=0.0,
                  admission: str = "marconi", grid: int = 1, block: int = 32,
                  max_states_per_request: int = defaults.PAPER_MAX_STATES_PER_REQUEST,
                  bootstrap_multiplier: float = defaults.BOOTSTRAP_MULTIPLIER,

@@ -16,9 +16,17 @@ from __future__ import annotations
 from sglang_marconi.policy.tree import RadixTree
 
 
-class _UnitCost:
+class UnitCost:
+    """A ``CostModel`` that counts tokens: one byte a token, states free, no FLOPs (the
+    ghost index's budget is in tokens)."""
+
+    name = "unit"
     kv_bytes_per_token = 1
     ssm_state_bytes = 0
+
+    @staticmethod
+    def prefill_flops(L):
+        return 0.0
 
     @staticmethod
     def flops_saved(T, P=0):
@@ -30,7 +38,7 @@ class GhostIndex:
         if max_tokens <= 0:
             raise ValueError("the ghost index needs a positive token budget")
         self.max_tokens = int(max_tokens)
-        self.tree = RadixTree(_UnitCost())
+        self.tree = RadixTree(UnitCost())
 
     def lookup(self, tokens, limit: int):
         """(branch_len, end_len): where ``tokens`` leave the remembered sequences, and the

@@ -18,8 +18,9 @@ from bisect import bisect_right
 
 import numpy as np
 
+from sglang_marconi.model.cost import CostModel
 from sglang_marconi.policy.cache import PrefixCache
-from sglang_marconi.policy.ghost import _UnitCost
+from sglang_marconi.policy.ghost import UnitCost
 from sglang_marconi.policy.tree import RadixTree, as_tokens
 
 
@@ -29,7 +30,7 @@ class FutureIndex:
 
     def __init__(self, inputs):
         keys = [as_tokens(t)[:max(0, len(t) - 1)] for t in inputs]
-        self.tree = RadixTree(_UnitCost())
+        self.tree = RadixTree(UnitCost())
         for i, key in enumerate(keys):
             if len(key):
                 self.tree.insert(key, [len(key)], now=i)  # every key ends at a node boundary
@@ -83,7 +84,7 @@ class OfflineChooser:
         return best
 
 
-def offline_cache(spec, capacity, requests, grid: int = 1, max_states: int = 2,
+def offline_cache(spec: CostModel, capacity, requests, grid: int = 1, max_states: int = 2,
                   ghost_tokens: int | None = None) -> PrefixCache:
     """A cache for ``requests`` (the whole trace, in order) that knows their future."""
     future = FutureIndex([r.input_tokens for r in requests])

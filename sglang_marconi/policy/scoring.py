@@ -31,7 +31,9 @@ from __future__ import annotations
 import heapq
 import itertools
 
-def flop_efficiency(spec, prefix_len: int, ancestor_prefix_len: int, freed_bytes: float,
+from sglang_marconi.model.cost import CostModel
+
+def flop_efficiency(spec: CostModel, prefix_len: int, ancestor_prefix_len: int, freed_bytes: float,
                     has_state: bool = True) -> float:
     """FLOPs saved by a hit at this node over a hit at the nearest checkpointed ancestor,
     divided by the bytes its eviction frees. A node without a state cannot end a hit: 0."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sglang_marconi.model.cost import CostModel
 from sglang_marconi.policy.ranking import ranked_efficiency, states_below
 from sglang_marconi.policy.scoring import VictimQueue
 
@@ -77,7 +78,7 @@ class Match:
 class RadixTree:
     """Radix tree with byte accounting and an eviction-candidate queue."""
 
-    def __init__(self, spec, alpha: float = 0.0, queue: VictimQueue | None = None,
+    def __init__(self, spec: CostModel, alpha: float = 0.0, queue: VictimQueue | None = None,
                  value_weight=None):
         self.spec = spec
         self.kv_bytes = spec.kv_bytes_per_token
