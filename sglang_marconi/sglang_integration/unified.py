@@ -34,6 +34,7 @@ from sglang.srt.mem_cache.base_prefix_cache import EvictParams, EvictResult
 from sglang.srt.mem_cache.unified_cache.components import base as components_base
 from sglang.srt.mem_cache.unified_cache.components.base import EvictLayer, LRURefreshPhase
 
+from sglang_marconi.policy.ranking import freed_bytes
 from sglang_marconi.policy.scoring import VictimQueue
 from sglang_marconi.sglang_integration.components import (
     FULL,
@@ -64,6 +65,24 @@ class JointMambaComponent(MarconiMambaComponent):
         super().refresh_lru(phase, node, root_node)
 
 
+def joint_recency(cache, node) -> float:
+    """A candidate's recency on the request clock: a state's stamp; a KV-only node's last
+    access, read through the counters ``JointMambaComponent`` records."""
+    if has_state(node):
+        return state_recency(node)
+    counters, clocks = cache.joint_clocks
+    i = bisect.bisect_right(counters, node.last_access_time) - 1
+    return clocks[i] if i >= 0 else 0
+
+
+def joint_efficiency(cache, node, leaf: bool) -> float:
+    """The policy's FLOP efficiency per byte the eviction frees in the shared buffer."""
+    spec = cache.marconi.spec
+    freed = freed_bytes(spec.kv_bytes_per_token, spec.ssm_state_bytes, len(node.key), leaf,
+                        has_state(node))
+    return cache.marconi._efficiency(node, freed)
+
+
 class JointWalk:
     """The walk-local ranking of one byte-driven eviction over both kinds of candidate."""
 
@@ -80,20 +99,6 @@ class JointWalk:
                     self.add(node, base)
         self.queue.refresh()
 
-    def recency(self, node) -> float:
-        if has_state(node):
-            return state_recency(node)
-        counters, clocks = self.cache.joint_clocks
-        i = bisect.bisect_right(counters, node.last_access_time) - 1
-        return clocks[i] if i >= 0 else 0
-
-    def freed_bytes(self, node) -> float:
-        spec = self.cache.marconi.spec
-        state = spec.ssm_state_bytes if has_state(node) else 0
-        if self.is_leaf(node):
-            return spec.kv_bytes_per_token * len(node.key) + state
-        return state
-
     def is_leaf(self, node) -> bool:
         return node in self.cache.tree_core.evictable_device_leaves
 
@@ -106,8 +111,8 @@ class JointWalk:
     def add(self, node, base=None) -> None:
         if not self.valid(node):
             return
-        eff = self.cache.marconi._efficiency(node, self.freed_bytes(node))
-        self.queue.add_aged(node, self.recency(node), eff,
+        eff = joint_efficiency(self.cache, node, self.is_leaf(node))
+        self.queue.add_aged(node, joint_recency(self.cache, node), eff,
                             self.queue.clock if base is None else base)
 
     def next_node(self, full, tracker, device_frees, host_frees, cache_actions):
