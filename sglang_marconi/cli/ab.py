@@ -122,7 +122,9 @@ def _check_pools(args, requests, kv_tokens: int, mamba_slots: int) -> int:
     longest = max(len(r.input_ids) + max(1, r.output_len) for r in requests)
     need = longest + 2 * args.page_size
     if kv_tokens < need:
-        raise UserError(f"--kv-tokens {kv_tokens} cannot hold the longest request of "
+        given = ("--kv-tokens" if args.cache_gb is None
+                 else f"--cache-gb {args.cache_gb:g} ({args.memory or 'static'}): KV tokens")
+        raise UserError(f"{given} {kv_tokens} cannot hold the longest request of "
                         f"the trace ({longest} tokens); use at least {need}")
     if args.mamba_track_interval % args.page_size or args.chunked_prefill_size % args.page_size:
         raise UserError("--mamba-track-interval and --chunked-prefill-size must be multiples "
