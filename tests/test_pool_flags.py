@@ -67,3 +67,21 @@ def test_ab_json_in_unified_mode(mooncake_path):  # conftest: skips without the 
     assert pools["mode"] == "unified" and pools["unified_bytes"] > 0
     assert result["config"]["kv_tokens"] == pools["kv_tokens"]
     assert pools["max_running_requests"] == pools["mamba_slots"] // pools["slots_per_request"]
+
+
+def test_demo_takes_a_budget_instead_of_its_explicit_pools(monkeypatch, tmp_path):
+    from sglang_marconi.cli import ab as ab_cli
+    from sglang_marconi.cli import demo
+
+    parser = argparse.ArgumentParser()
+    demo.add_arguments(parser)
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("")
+    seen = {}
+    monkeypatch.setattr(ab_cli, "run", lambda args: seen.update(vars(args)) or 0)
+    assert demo.run(parser.parse_args(["--trace", str(trace), "--cache-gb", "50",
+                                       "--memory", "unified", "--json"])) == 0
+    assert seen["kv_tokens"] is None and seen["mamba_slots"] is None
+    assert seen["cache_gb"] == 50 and seen["memory"] == "unified"
+    demo.run(parser.parse_args(["--trace", str(trace), "--json"]))
+    assert (seen["kv_tokens"], seen["mamba_slots"]) == (1_500_000, 200)

@@ -118,3 +118,16 @@ def test_kv_shortage_can_free_a_state_one_ranking():
     evicted = cache.marconi.stats.evicted
     assert evicted["unified_state"] > 0 and evicted["unified_leaf"] > 0
     assert any(joint for _, _, joint in calls)
+
+
+@pytest.mark.parametrize("policy", ["marconi", "marconi+"])
+def test_the_plugin_accepts_unified_memory(policy):
+    """``--cache-policy marconi|marconi+ --enable-unified-memory`` selects the Marconi
+    backend (whose cache detects the unified allocator and ranks jointly)."""
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import prepare_server_args
+
+    load_plugins()
+    args = prepare_server_args(["--model-path", "dummy", "--cache-policy", policy,
+                                "--enable-unified-memory"])
+    assert args.radix_cache_backend == "marconi" and args.enable_unified_memory
