@@ -91,12 +91,13 @@ class JointWalk:
         mamba, full = cache.components[MAMBA], cache.components[FULL]
         self.queue = VictimQueue(mamba.queue.alpha, mode=mamba.queue.mode)
         self.queue.clock = max(mamba.queue.clock, full.queue.clock)
-        seen = set()
-        for q in (mamba.queue, full.queue):
-            for node, _, _, base in q.candidates():
-                if node not in seen:
-                    seen.add(node)
-                    self.add(node, base)
+        bases = {}
+        for q in (full.queue, mamba.queue):  # a leaf with a state: the state's aging base
+            bases.update((node, base) for node, _, _, base in q.candidates())
+        # oldest first: equal keys (marconi+'s unhit states all weigh 0) leave in LRU order,
+        # as in the persistent queues and the simulator
+        for node in sorted(bases, key=lambda n: joint_recency(cache, n)):
+            self.add(node, bases[node])
         self.queue.refresh()
 
     def is_leaf(self, node) -> bool:
