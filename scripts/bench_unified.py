@@ -43,7 +43,8 @@ def main(argv=None) -> int:
                                                           *(argv or sys.argv[1:])]),
                                     limit=args.limit))
     if rows:
-        print(f"plot: {unified_markdown.write_plot(an, Path(args.plot))}")
+        note = f" (first {args.limit} requests)" if args.limit else ""
+        print(f"plot: {unified_markdown.write_plot(an, Path(args.plot), note)}")
     return 0
 
 

@@ -39,7 +39,7 @@ def markdown(an: dict, command: str, limit=None) -> str:
     return "\n".join(lines)
 
 
-def write_plot(an: dict, path: Path) -> Path:
+def write_plot(an: dict, path: Path, note: str = "") -> Path:
     """FLOPs saved vs budget, one panel per model, a line per (mode, cache)."""
     import matplotlib
 
@@ -61,7 +61,7 @@ def write_plot(an: dict, path: Path) -> Path:
         ax.set_xticks(list(BUDGETS))
         ax.set_xlabel("cache memory (GB)")
         ax.set_ylabel("prefill FLOPs saved (%)")
-        ax.set_title(f"Mooncake trace, {model}")
+        ax.set_title(f"Mooncake trace, {model}{note}")
         ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
