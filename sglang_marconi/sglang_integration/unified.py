@@ -88,6 +88,7 @@ class JointWalk:
 
     def __init__(self, cache):
         self.cache = cache
+        self.pending_parent = None  # the parent of the leaf just returned for eviction
         mamba, full = cache.components[MAMBA], cache.components[FULL]
         self.queue = VictimQueue(mamba.queue.alpha, mode=mamba.queue.mode)
         self.queue.clock = max(mamba.queue.clock, full.queue.clock)
@@ -128,7 +129,8 @@ class JointWalk:
         parent = x.parent
         policy = self.cache.marconi
         if self.is_leaf(x):
-            policy.state_evicted("unified_leaf") if has_state(x) else None
+            if has_state(x):
+                policy.state_evicted("unified_leaf")
             self.pending_parent = parent
             return x.id
         mamba = self.cache.components[MAMBA]
@@ -142,8 +144,6 @@ class JointWalk:
         if self.is_leaf(x):  # a tombstone leaf now: its KV is a candidate
             self.add(x)
         return None
-
-    pending_parent = None
 
     def after_step(self) -> None:
         """A leaf was evicted: its parent may have become an evictable leaf."""
