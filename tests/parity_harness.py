@@ -26,6 +26,14 @@ it is only there):
   output minus the last token, no branch states. The simulator: ``branch_rule="none"``,
   ``cache_output=True``, grid 1.
 
+Unified memory (``test_parity_unified``): SGLang's unified buffer against the simulator's
+single byte budget with the full cost model (KV and states). With a buffer the trace does not
+fill, admission and hits are the same; the joint walk's inputs (recency, FLOP efficiency per
+byte freed in the shared buffer) equal the simulator's for every candidate, and its order is
+the order they give. Evictions are not compared: SGLang evicts while a request allocates, its
+own KV pages and 3 state slots in the same buffer, so the bytes left to the tree change
+within a request; the simulator evicts once, before it, to a fixed capacity.
+
 Eviction: only the state pool binds (a KV pool larger than the trace), which the simulator
 models with a byte budget of state slots and KV bytes of 0 (``StatePoolCost``), sized as the
 pool minus the slots a running request holds (3 with the extra buffer, 1 without), with
@@ -58,6 +66,7 @@ from sglang.srt.mem_cache.unified_cache.components.base import ComponentType  # 
 
 from sglang_marconi.driver.pools import PoolConfig, build_cache  # noqa: E402
 from sglang_marconi.driver.replay import Replayer, ReplayRequest  # noqa: E402
+from sglang_marconi.driver.unified_pools import build_unified_cache  # noqa: E402
 from sglang_marconi.harness.invariants import check_idle, walk  # noqa: E402
 from sglang_marconi.model import preset_spec  # noqa: E402
 from sglang_marconi.policy.cache import PrefixCache  # noqa: E402
@@ -140,7 +149,7 @@ class SGLangSide:
     """MarconiUnifiedRadixCache on CPU pools, with probes for branch and evicted states."""
 
     def __init__(self, regime: Regime, requests, alpha=0.0, cap=2, mamba_slots=None,
-                 **settings):
+                 unified=None, **settings):
         longest = max(len(i) + len(o) for i, o in requests)
         total = sum(len(i) + len(o) for i, o in requests)
         self.pc = PoolConfig(
@@ -153,7 +162,11 @@ class SGLangSide:
         settings = MarconiSettings(alpha=alpha, max_states_per_request=cap,
                                    renormalise_limit=-1, **settings)
         cls = functools.partial(MarconiUnifiedRadixCache, spec=SPEC, settings=settings)
-        self.cache = build_cache(self.pc, cache_class=cls, tree_core="python")[0]
+        if unified is None:
+            self.cache = build_cache(self.pc, cache_class=cls, tree_core="python")[0]
+        else:  # SGLang's unified buffer of ``unified.unified_bytes`` (test_parity_unified)
+            self.cache = build_unified_cache(self.pc, unified, cache_class=cls,
+                                             tree_core="python")[0]
         self.replayer = Replayer(self.cache, chunked_prefill_size=NEVER)
         # where states can land: the checkpoint grid, or any token without the extra buffer
         self.grid = self.replayer.grid if regime.extra_buffer else regime.page

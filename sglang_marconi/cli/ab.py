@@ -44,10 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model = parser.add_mutually_exclusive_group(required=True)
     model.add_argument("--model", metavar="PRESET", help="model preset (cost model)")
     model.add_argument("--config", metavar="PATH", help="HF config.json (cost model)")
-    parser.add_argument("--kv-tokens", type=_positive, required=True,
-                        help="KV token slots of the pool (SGLang max_total_num_tokens)")
-    parser.add_argument("--mamba-slots", type=_positive, required=True,
-                        help="SSM state slots of the pool (a running request holds 3)")
+    from sglang_marconi.cli.pool_flags import add_pool_arguments
+
+    add_pool_arguments(parser, _positive)
     parser.add_argument("--page-size", type=_positive, default=64)
     parser.add_argument("--chunked-prefill-size", type=_positive, default=8192)
     parser.add_argument("--mamba-track-interval", type=_positive, default=256)
@@ -118,17 +117,19 @@ def _settings(args):
         raise UserError(str(exc)) from None
 
 
-def _check_pools(args, requests) -> int:
+def _check_pools(args, requests, kv_tokens: int, mamba_slots: int) -> int:
     """The longest request must fit the pools; returns the max context length to size."""
     longest = max(len(r.input_ids) + max(1, r.output_len) for r in requests)
     need = longest + 2 * args.page_size
-    if args.kv_tokens < need:
-        raise UserError(f"--kv-tokens {args.kv_tokens} cannot hold the longest request of "
+    if kv_tokens < need:
+        given = ("--kv-tokens" if args.cache_gb is None
+                 else f"--cache-gb {args.cache_gb:g} ({args.memory or 'static'}): KV tokens")
+        raise UserError(f"{given} {kv_tokens} cannot hold the longest request of "
                         f"the trace ({longest} tokens); use at least {need}")
     if args.mamba_track_interval % args.page_size or args.chunked_prefill_size % args.page_size:
         raise UserError("--mamba-track-interval and --chunked-prefill-size must be multiples "
                         f"of --page-size {args.page_size}")
-    if args.mamba_slots < 4:
+    if mamba_slots < 4:
         raise UserError("--mamba-slots must be at least 4 (a running request holds 3)")
     return need
 
@@ -181,6 +182,7 @@ def _run(args) -> int:
     from sglang_marconi.harness.ab import ABConfig, run_ab, to_replay_requests
     from sglang_marconi.driver.pools import PoolConfig
     from sglang_marconi.sim.traces import read_trace
+    from sglang_marconi.cli.pool_flags import describe_pools, pool_summary, resolve_pools
 
     caches = _caches(args.caches)
     settings = _settings(args)
@@ -188,16 +190,18 @@ def _run(args) -> int:
     if not spec.is_hybrid:
         raise UserError(f"model {spec.name} has no SSM layers: Marconi needs a hybrid model")
     requests = to_replay_requests(read_trace(args.trace), args.limit)
-    max_len = _check_pools(args, requests)
-    pools = PoolConfig(kv_tokens=args.kv_tokens, mamba_slots=args.mamba_slots,
+    kv_tokens, mamba_slots, sizes, unified = resolve_pools(args, spec)
+    max_len = _check_pools(args, requests, kv_tokens, mamba_slots)
+    pools = PoolConfig(kv_tokens=kv_tokens, mamba_slots=mamba_slots,
                        page_size=args.page_size, max_context_len=max_len,
                        chunked_prefill_size=args.chunked_prefill_size,
                        mamba_track_interval=args.mamba_track_interval)
-    cfg = ABConfig(pools=pools, spec=spec, settings=settings, caches=caches)
+    cfg = ABConfig(pools=pools, spec=spec, settings=settings, caches=caches, unified=unified)
     results = run_ab(requests, cfg, show_progress=not args.no_progress)
     results["config"] = {"trace": str(args.trace), "model": spec.name,
-                         "requests": len(requests), "kv_tokens": args.kv_tokens,
-                         "mamba_slots": args.mamba_slots, "page_size": args.page_size,
+                         "requests": len(requests), "kv_tokens": kv_tokens,
+                         "mamba_slots": mamba_slots, "page_size": args.page_size,
+                         "pools": pool_summary(sizes, kv_tokens, mamba_slots),
                          "chunked_prefill_size": args.chunked_prefill_size,
                          "mamba_track_interval": args.mamba_track_interval,
                          "marconi_alpha": settings.alpha,
@@ -211,7 +215,6 @@ def _run(args) -> int:
         sys.stdout.write("\n")
     else:
         print(f"A/B on {args.trace}: {len(requests)} requests, model {spec.name}, "
-              f"{args.kv_tokens:,} KV token slots, {args.mamba_slots} state slots, "
-              f"page {args.page_size}")
+              f"page {args.page_size}; {describe_pools(sizes, kv_tokens, mamba_slots)}")
         print(format_table(results))
     return 0

@@ -1,7 +1,7 @@
 """``demo``: what ``make demo`` runs: the A/B of stock SGLang's hybrid radix cache against
 ``MarconiUnifiedRadixCache`` (``marconi``, the paper's policy, and ``marconi+``) on the
 bundled default (the shared Mooncake trace, Qwen3-Next's cost model, a 1.5M-token KV pool
-and 200 SSM-state slots), printed side by side."""
+and 200 SSM-state slots, or ``--cache-gb N --memory static|unified``), printed side by side."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,6 +31,10 @@ def run(args) -> int:
 
     if args.config:
         args.model = None
+    if args.cache_gb is not None:  # a budget replaces the demo's explicit pool sizes
+        for dest in ("kv_tokens", "mamba_slots"):
+            if getattr(args, dest) == DEFAULTS[dest]:
+                setattr(args, dest, None)
     if not Path(args.trace).is_file():
         raise UserError(f"demo trace not found: {args.trace} (the repository expects the "
                         "shared traces beside it; pass --trace PATH)")

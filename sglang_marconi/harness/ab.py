@@ -38,6 +38,7 @@ class ABConfig:
     spec: object                       # HybridModelSpec
     settings: object = None            # MarconiSettings (None: defaults)
     caches: tuple = ("stock", "stock-python", "marconi")
+    unified: object = None             # driver.unified_pools.UnifiedConfig: one byte buffer
 
 
 @dataclass
@@ -96,6 +97,11 @@ def make_cache(name: str, cfg: ABConfig):
             settings = dataclasses.replace(settings, plus=True, alpha=0.0)
         cache_class = functools.partial(MarconiUnifiedRadixCache, settings=settings,
                                         spec=cfg.spec)
+    if cfg.unified is not None:
+        from sglang_marconi.driver.unified_pools import build_unified_cache
+
+        return build_unified_cache(cfg.pools, cfg.unified, cache_class=cache_class,
+                                   tree_core=core)
     return build_cache(cfg.pools, cache_class=cache_class, tree_core=core)
 
 

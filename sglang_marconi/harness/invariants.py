@@ -6,6 +6,9 @@
 - Marconi's persistent victim queues hold exactly the candidates (unlocked states; the
   evictable leaves) with the inputs a fresh computation gives (a leaf's recency may lag
   its ``last_access_time``: the walk re-keys it when popped);
+- unified memory (``--enable-unified-memory``): no byte of the shared buffer leaked (SGLang's
+  own ``verify_byte_accounting``), its KV and state sub-allocators hold exactly what the tree
+  holds, and the Mamba slot ids likewise;
 - ``guard_locked_evictions`` makes evicting data that a lock protects fail loudly.
 """
 from __future__ import annotations
@@ -102,7 +105,19 @@ def check_idle(cache) -> dict:
         f"state slots leaked: free {free_states} + tree {h['states']} != {mamba.size}")
     assert cache.req_to_token_pool.available_size() == cache.req_to_token_pool.size, (
         "request rows leaked")
+    if hasattr(allocator, "unified_buffer"):
+        check_unified_idle(allocator, h)
     return h
+
+
+def check_unified_idle(allocator, h: dict) -> None:
+    """The shared buffer with no request running: bytes and both sides accounted for."""
+    violations = allocator.verify_byte_accounting()
+    assert not violations, f"unified buffer byte accounting: {violations[:3]}"
+    kv = allocator.full_attn_allocator.allocated_count()
+    assert kv == h["kv"], f"unified KV side holds {kv} tokens, the tree {h['kv']}"
+    states = allocator.mamba_allocator.allocated_count()
+    assert states == h["states"], f"unified state side holds {states}, the tree {h['states']}"
 
 
 def guard_locked_evictions(cache) -> None:

@@ -56,6 +56,14 @@ def ranked_efficiency(spec: CostModel, tree: TreeAdapter, node, freed_bytes: flo
     return e * weight(node) if weight is not None and e else e
 
 
+def freed_bytes(kv_bytes_per_token: float, state_bytes: float, own_tokens: int, leaf: bool,
+                state: bool) -> float:
+    """Bytes one eviction frees in a single budget (the simulator's, SGLang's unified
+    buffer): a leaf its own KV tokens and its state, an inner node its state."""
+    held = state_bytes if state else 0
+    return own_tokens * kv_bytes_per_token + held if leaf else held
+
+
 def states_below(tree: TreeAdapter, node) -> Iterator:
     """The states to re-key after ``node`` gained or lost its state (see the module doc)."""
     stack = list(tree.children(node))

@@ -128,6 +128,18 @@ class VictimQueue:
         self._live.pop(node, None)
         self._suspended.pop(node, None)
 
+    def candidates(self):
+        """(node, recency, efficiency, base) of every live candidate (unordered)."""
+        return [(n, e[1], e[2], e[4]) for n, e in self._live.items()]
+
+    def add_aged(self, node, recency: float, efficiency: float, base: float) -> None:
+        """``update`` a new candidate keyed from aging base ``base`` (gdsf), not the clock."""
+        clock, self.clock = self.clock, base
+        try:
+            self.update(node, recency, efficiency)
+        finally:
+            self.clock = clock
+
     def is_suspended(self, node) -> bool:
         return node in self._suspended
 

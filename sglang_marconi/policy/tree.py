@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sglang_marconi.model.cost import CostModel
+from sglang_marconi.policy.ranking import freed_bytes as ranking_freed_bytes
 from sglang_marconi.policy.ranking import ranked_efficiency, states_below
 from sglang_marconi.policy.scoring import VictimQueue
 
@@ -144,9 +145,8 @@ class RadixTree:
 
     # ---- candidates -------------------------------------------------------------------------
     def freed_bytes(self, node: Node) -> int:
-        if node.children:
-            return self.state_bytes if node.has_state else 0
-        return len(node.tokens) * self.kv_bytes + (self.state_bytes if node.has_state else 0)
+        return ranking_freed_bytes(self.kv_bytes, self.state_bytes, len(node.tokens),
+                                   not node.children, node.has_state)
 
     @staticmethod
     def _evictable_shape(node: Node) -> bool:

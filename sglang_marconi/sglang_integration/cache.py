@@ -19,6 +19,7 @@ from sglang_marconi.sglang_integration.components import (
     MarconiFullComponent,
     MarconiMambaComponent,
 )
+from sglang_marconi.sglang_integration import unified
 from sglang_marconi.sglang_integration.options import MarconiSettings
 from sglang_marconi.sglang_integration.policy_state import MarconiPolicyState
 from sglang_marconi.sglang_integration.stats import MarconiStats, make_exporter
@@ -37,10 +38,14 @@ class MarconiUnifiedRadixCache(UnifiedRadixCache):
                              f"components), got {params.tree_components}")
         if spec is None:
             raise ValueError("MarconiUnifiedRadixCache needs the model's HybridModelSpec")
+        self.unified = unified.is_unified(params)  # --enable-unified-memory: one ranking
+        self.joint_walk, self.joint_clocks = None, ([], [])
         params = dataclasses.replace(params, component_registry_override={
             **(params.component_registry_override or {}),
-            ComponentType.MAMBA: MarconiMambaComponent,
-            ComponentType.FULL: MarconiFullComponent,
+            ComponentType.MAMBA: (unified.JointMambaComponent if self.unified
+                                  else MarconiMambaComponent),
+            ComponentType.FULL: (unified.JointFullComponent if self.unified
+                                 else MarconiFullComponent),
         })
         # extra_buffer snapshots land on the mamba checkpoint grid; no_buffer (page 1)
         # keeps the exact end of each chunk and sequence.
@@ -67,6 +72,7 @@ class MarconiUnifiedRadixCache(UnifiedRadixCache):
     def reset(self) -> None:
         """SGLang's reset (a new, empty tree), then fresh victim queues over it."""
         super().reset()
+        self.joint_clocks = ([], [])
         for ct in (ComponentType.MAMBA, ComponentType.FULL):
             self.components[ct].reset_queue()
 
@@ -122,6 +128,13 @@ class MarconiUnifiedRadixCache(UnifiedRadixCache):
     def on_release(self, req, *, checkpointed: bool) -> None:
         super().on_release(req, checkpointed=checkpointed)
         self.marconi.on_release(req, finished=checkpointed)
+
+    def evict_for_alloc(self, params, *, allocation_reclaim_satisfied=None):
+        if not self.unified:
+            return super().evict_for_alloc(
+                params, allocation_reclaim_satisfied=allocation_reclaim_satisfied)
+        return self._timed(unified.joint_evict_for_alloc, self, params,
+                           super().evict_for_alloc, allocation_reclaim_satisfied)
 
     def _evict(self, params, *args, **kwargs):
         result = self._timed(super()._evict, params, *args, **kwargs)

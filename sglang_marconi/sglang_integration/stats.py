@@ -5,7 +5,9 @@ state: admitted (by reason: ``branch`` point, ``chunk`` boundary, ``final`` stat
 finished request), ``rejected`` chunk-boundary states (over the per-request cap), and
 evicted (by reason: ``state_pool_drop`` = an internal node's state dropped to free a state
 slot, ``state_pool_leaf`` = a leaf deleted to free a state slot, ``kv_pool_leaf`` = a leaf
-deleted to free KV token slots, its state with it).
+deleted to free KV token slots, its state with it; with --enable-unified-memory the joint
+walk's ``unified_state`` = an inner state dropped for bytes, ``unified_leaf`` = a leaf with a
+state deleted for bytes).
 
 With ``--marconi-alpha online``: the alpha switches, and what the shadow caches cost next to
 the real cache: their CPU time over the real cache's bookkeeping time (match, insert,
@@ -20,7 +22,8 @@ from dataclasses import dataclass, field
 logger = logging.getLogger("sglang_marconi.cache")
 
 ADMIT_REASONS = ("branch", "chunk", "final")
-EVICT_REASONS = ("state_pool_drop", "state_pool_leaf", "kv_pool_leaf")
+EVICT_REASONS = ("state_pool_drop", "state_pool_leaf", "kv_pool_leaf", "unified_state",
+                 "unified_leaf")
 
 
 @dataclass

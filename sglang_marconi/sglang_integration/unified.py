@@ -1,0 +1,210 @@
+"""Marconi under ``--enable-unified-memory``: one ranking over KV leaves and SSM states.
+
+With the unified pool (``unified_memory_pool.py``) KV pages and Mamba states draw on one
+byte buffer. Stock ``UnifiedRadixCache.evict_for_alloc`` (~697-787) still walks per
+component: a MAMBA walk for missing slot ids, the Full donor, a FULL walk (KV leaves) until
+the state fits, a MAMBA fallback; a KV shortage runs only the FULL walk. Here, when bytes
+run out, ``joint_evict_for_alloc`` ranks both kinds of candidate together, as the
+simulator's single budget does:
+
+* a state on an inner node frees one state entry (``ssm_state_bytes``);
+* an evictable leaf frees its KV tokens and, if it holds one, its state.
+
+Each is scored by the policy (``policy_state._efficiency`` -> ``ranking.ranked_efficiency``:
+FLOPs a hit there saves over the nearest checkpointed ancestor, per byte it frees in the
+shared buffer, reuse-weighted for marconi+) with recency on the request clock (a state:
+its stamp; a KV-only leaf: the request during which SGLang last touched it,
+``JointMambaComponent`` records the counter at each match), in a ``VictimQueue`` with the
+persistent queues' mode and alpha. The walk-local queue is built from the two persistent
+queues' live candidates at the start of a joint walk (O(n log n) once per walk), and a
+parent that becomes an evictable leaf joins it.
+
+What stays SGLang's: Mamba slot ids are a separate resource ("Full KV can supply bytes but
+cannot recycle Mamba virtual IDs"): a slot-id shortfall is met first by the stock MAMBA
+walk (Marconi's state queue); locked nodes are never candidates (both queues hold only
+unlocked ones); freeing, cascades, compaction and the donor's ``prepare_mamba_allocation``
+are SGLang's. alpha 0 with the marconi policy (LRU) takes SGLang's own ``evict_for_alloc``
+unchanged, so it makes stock's decisions.
+"""
+from __future__ import annotations
+
+import bisect
+
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams, EvictResult
+from sglang.srt.mem_cache.unified_cache.components import base as components_base
+from sglang.srt.mem_cache.unified_cache.components.base import EvictLayer, LRURefreshPhase
+
+from sglang_marconi.policy.ranking import freed_bytes
+from sglang_marconi.policy.scoring import VictimQueue
+from sglang_marconi.sglang_integration.components import (
+    FULL,
+    MAMBA,
+    MarconiFullComponent,
+    MarconiMambaComponent,
+    has_state,
+    state_recency,
+)
+
+
+def is_unified(params) -> bool:
+    """The pools are SGLang's unified buffer (a Full donor can fund Mamba states)."""
+    donor = getattr(params.token_to_kv_pool_allocator, "mamba_full_cache_donor", None)
+    return donor is not None and donor() is not None
+
+
+class JointMambaComponent(MarconiMambaComponent):
+    """Records SGLang's access counter at each match, to read KV leaves' recency on the
+    request clock."""
+
+    def refresh_lru(self, phase, node, root_node) -> None:
+        if phase == LRURefreshPhase.MATCH_END:
+            clocks = self.cache.joint_clocks
+            if not clocks[1] or clocks[1][-1] != self.cache.marconi.clock:
+                clocks[0].append(components_base._LAST_ACCESS_TIME_COUNTER_FLOAT)
+                clocks[1].append(self.cache.marconi.clock)
+        super().refresh_lru(phase, node, root_node)
+
+
+def joint_recency(cache, node) -> float:
+    """A candidate's recency on the request clock: a state's stamp; a KV-only node's last
+    access, read through the counters ``JointMambaComponent`` records."""
+    if has_state(node):
+        return state_recency(node)
+    counters, clocks = cache.joint_clocks
+    i = bisect.bisect_right(counters, node.last_access_time) - 1
+    return clocks[i] if i >= 0 else 0
+
+
+def joint_efficiency(cache, node, leaf: bool) -> float:
+    """The policy's FLOP efficiency per byte the eviction frees in the shared buffer."""
+    spec = cache.marconi.spec
+    freed = freed_bytes(spec.kv_bytes_per_token, spec.ssm_state_bytes, len(node.key), leaf,
+                        has_state(node))
+    return cache.marconi._efficiency(node, freed)
+
+
+class JointWalk:
+    """The walk-local ranking of one byte-driven eviction over both kinds of candidate."""
+
+    def __init__(self, cache):
+        self.cache = cache
+        self.pending_parent = None  # the parent of the leaf just returned for eviction
+        mamba, full = cache.components[MAMBA], cache.components[FULL]
+        self.queue = VictimQueue(mamba.queue.alpha, mode=mamba.queue.mode)
+        self.queue.clock = max(mamba.queue.clock, full.queue.clock)
+        bases = {}
+        for q in (full.queue, mamba.queue):  # a leaf with a state: the state's aging base
+            bases.update((node, base) for node, _, _, base in q.candidates())
+        # oldest first: equal keys (marconi+'s unhit states all weigh 0) leave in LRU order,
+        # as in the persistent queues and the simulator
+        for node in sorted(bases, key=lambda n: joint_recency(cache, n)):
+            self.add(node, bases[node])
+        self.queue.refresh()
+
+    def is_leaf(self, node) -> bool:
+        return node in self.cache.tree_core.evictable_device_leaves
+
+    def valid(self, node) -> bool:
+        if self.is_leaf(node):
+            return True
+        cd = node.component_data[MAMBA]
+        return cd.value is not None and cd.lock_ref == 0 and node.parent is not None
+
+    def add(self, node, base=None) -> None:
+        if not self.valid(node):
+            return
+        eff = joint_efficiency(self.cache, node, self.is_leaf(node))
+        self.queue.add_aged(node, joint_recency(self.cache, node), eff,
+                            self.queue.clock if base is None else base)
+
+    def next_node(self, full, tracker, device_frees, host_frees, cache_actions):
+        """One victim: a leaf's id (the cache evicts it, state and all), or None after
+        dropping an inner state here (as the MAMBA walk does)."""
+        while True:
+            x = self.queue.pop_victim()
+            if x is None:
+                return None
+            if self.valid(x):
+                break
+        parent = x.parent
+        policy = self.cache.marconi
+        if self.is_leaf(x):
+            if has_state(x):
+                policy.state_evicted("unified_leaf")
+            self.pending_parent = parent
+            return x.id
+        mamba = self.cache.components[MAMBA]
+        tree = self.cache.tree_core
+        tree._evict_component_and_detach_lru(
+            x, mamba, target=EvictLayer.DEVICE, tracker=tracker, device_frees=device_frees,
+            host_frees=host_frees, cache_actions=cache_actions)
+        tree._cascade_evict(x, mamba, tracker, device_frees=device_frees,
+                            host_frees=host_frees, cache_actions=cache_actions)
+        policy.state_evicted("unified_state")
+        if self.is_leaf(x):  # a tombstone leaf now: its KV is a candidate
+            self.add(x)
+        return None
+
+    def after_step(self) -> None:
+        """A leaf was evicted: its parent may have become an evictable leaf."""
+        p, self.pending_parent = self.pending_parent, None
+        if p is not None and p.parent is not None and p not in self.queue and self.is_leaf(p):
+            self.add(p)
+
+
+class JointFullComponent(MarconiFullComponent):
+    """FULL component whose walk follows the joint ranking while one is active."""
+
+    def _evict_device_next_node(self, tracker, device_frees, host_frees, cache_actions):
+        walk = self.cache.joint_walk
+        if walk is None:
+            return super()._evict_device_next_node(tracker, device_frees, host_frees,
+                                                   cache_actions)
+        walk.after_step()
+        return walk.next_node(self, tracker, device_frees, host_frees, cache_actions)
+
+
+def _add(result: EvictResult, more: EvictResult) -> None:
+    result.num_tokens_evicted += more.num_tokens_evicted
+    result.swa_num_tokens_evicted += more.swa_num_tokens_evicted
+    result.mamba_num_evicted += more.mamba_num_evicted
+
+
+def joint_evict_for_alloc(cache, params, stock, allocation_reclaim_satisfied=None):
+    """``evict_for_alloc`` with one ranking over KV leaves and states (see module doc);
+    ``stock`` is SGLang's method, taken for LRU (alpha 0) and the quota form."""
+    policy = cache.marconi
+    lru = policy.queue_mode != "gdsf" and policy.alpha == 0
+    if lru or allocation_reclaim_satisfied is not None or cache.disable:
+        return stock(params, allocation_reclaim_satisfied=allocation_reclaim_satisfied)
+    allocator = cache.token_to_kv_pool_allocator
+    donor = allocator.mamba_full_cache_donor()
+    result = EvictResult()
+    mamba_target = None
+    if params.mamba_num > 0:
+        mamba_target = cache._component_available_size(MAMBA) + params.mamba_num
+        ids = cache.req_to_token_pool.mamba_allocator.available_size()
+        if mamba_target > ids:  # slot ids: only dropping a state recycles one
+            _add(result, cache._evict(EvictParams(num_tokens=0, mamba_num=mamba_target - ids)))
+    full_target = (cache._component_available_size(FULL) + params.num_tokens
+                   if params.num_tokens > 0 else None)
+
+    def satisfied() -> bool:
+        if full_target is not None and cache._component_available_size(FULL) < full_target:
+            return False
+        if mamba_target is not None:
+            donor.prepare_mamba_allocation(mamba_target)
+            return cache._component_available_size(MAMBA) >= mamba_target
+        return True
+
+    if satisfied() or cache.full_evictable_size() + cache.mamba_evictable_size() == 0:
+        return result
+    cache.joint_walk = JointWalk(cache)
+    try:
+        _add(result, cache._evict(EvictParams(num_tokens=cache.full_evictable_size() + 1),
+                                  allocation_reclaim_satisfied=satisfied))
+    finally:
+        walk, cache.joint_walk = cache.joint_walk, None
+        for comp in (cache.components[MAMBA], cache.components[FULL]):
+            comp.queue.clock = max(comp.queue.clock, walk.queue.clock)
+    return result
