@@ -25,6 +25,9 @@ ROWS = (  # (label, key, format)
     ("bookkeeping ms / request", "bookkeeping_ms_per_request", "{:.2f}"),
     ("bookkeeping ms p50", "bookkeeping_ms_p50", "{:.2f}"),
     ("bookkeeping ms p95", "bookkeeping_ms_p95", "{:.2f}"),
+    ("bookkeeping ms p99", "bookkeeping_ms_p99", "{:.2f}"),
+    ("bookkeeping ms max request", "bookkeeping_ms_max_request", "{:.2f}"),
+    ("longest cache call ms", "bookkeeping_ms_max", "{:.2f}"),
     ("wall seconds", "wall_seconds", "{:.1f}"),
 )
 
@@ -147,7 +150,8 @@ def format_table(results: dict) -> str:
         if m:
             adm = ", ".join(f"{k}={v}" for k, v in m["states_admitted"].items())
             ev = ", ".join(f"{k}={v}" for k, v in m["states_evicted"].items())
-            tuned = (f" (tuned in {m['tuning_seconds']:.1f} s, included in its bookkeeping)"
+            tuned = (f" (tuned at request {m['tuned_at']} in {m['tuning_slices']} slices, "
+                     f"{m['tuning_seconds']:.1f} s in all, included in its bookkeeping)"
                      if m["tuning_seconds"] else "" if m["alpha_tuned"] else " (not tuned yet)")
             online = m.get("online")
             if online:
