@@ -340,3 +340,18 @@ def apply_to_namespace(args, environ=None) -> Optional[MarconiSettings]:
     env = os.environ if environ is None else environ
     env.update(settings.to_env())
     return settings
+
+
+def validate_server_args(server_args) -> Optional[MarconiSettings]:
+    """A resolved ``ServerArgs`` from any entry point (``sglang.Engine(...)`` builds it
+    without the command line): with ``radix_cache_backend="marconi"``, the flags' checks
+    and messages on its fields and the ``SGLANG_MARCONI_*`` settings the backend reads.
+    A PD decode server, whose radix cache SGLang turned off, passes (the backend steps
+    aside). Raises ValueError."""
+    if getattr(server_args, "radix_cache_backend", None) != BACKEND_NAME:
+        return None
+    if (getattr(server_args, "disaggregation_mode", None) == "decode"
+            and getattr(server_args, "disable_radix_cache", False)):
+        return None
+    settings_from_namespace(server_args)
+    return MarconiSettings.from_env()
