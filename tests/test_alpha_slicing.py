@@ -4,8 +4,6 @@ request index that depends only on the request stream; a failing replay is an er
 metric, never another tuner."""
 import functools
 import logging
-import random
-from array import array
 
 import pytest
 
@@ -77,14 +75,9 @@ def test_slice_count_depends_only_on_the_costs():
 
 
 def requests(n, seed=0):
-    rng = random.Random(seed)
-    bases = [[1000 * b + i for i in range(300)] for b in range(4)]
-    out = []
-    for i in range(n):
-        ids = bases[rng.randrange(4)][:rng.randrange(50, 300)]
-        ids += [rng.randrange(10**6, 2 * 10**6) for _ in range(rng.randrange(1, 60))]
-        out.append(ReplayRequest(f"r{i}", array("q", ids), [3 * 10**6 + i, 7]))
-    return out
+    from tp_rank_probe import stream
+
+    return stream(n, seed)
 
 
 def auto_cache(slice_tokens, multiplier=2.0):

@@ -34,8 +34,10 @@ split anything there), so the prefill snapshots the chunk end instead of that le
 (``MarconiUnifiedRadixCache``). Without a cap (the default) every state SGLang takes is
 admitted and FLOP-aware eviction decides which to keep.
 
-Recency of states is read on ``clock``: one tick per request match (the simulator's
-request clock).
+Recency of states is read on ``clock``: one tick per request, at its first match after
+it arrived or was retracted (the simulator's request clock); re-matches of a waiting
+request (one per scheduling round) neither tick it nor repeat the marconi+ ghost lookup
+while the ghost index is unchanged (``_ghost_lookup``), so their cost stays SGLang's match.
 """
 from __future__ import annotations
 
@@ -254,10 +256,25 @@ class MarconiPolicyState(AdmissionPlans):
         return self._efficiency(node, self.spec.kv_bytes_per_token * len(node.key))
 
     # -- admission (the plans: admission_plans.AdmissionPlans) ---------------------------
-    def tick(self) -> None:
-        """A request is matched: the request clock advances."""
-        self.clock += 1
+    def tick(self, req) -> None:
+        """A request is matched: the request clock advances on its first match since it
+        arrived or was retracted (a waiting request re-matched every scheduling round
+        does not advance it again; its release resets the mark)."""
         self._matched_node = None
+        if not getattr(req, "marconi_ticked", False):
+            req.marconi_ticked = True
+            self.clock += 1
+
+    def _ghost_lookup(self, req):
+        """The ghost index's answer for ``req``'s input, kept on the request until the
+        index changes (a waiting request is re-matched every scheduling round)."""
+        cached = getattr(req, "marconi_ghost", None)
+        if cached is not None and cached[0] == self.ghost.version:
+            return cached[1]
+        tokens = req.origin_input_ids
+        answer = self.ghost.lookup(tokens, max(0, len(tokens) - 1))
+        req.marconi_ghost = (self.ghost.version, answer)
+        return answer
 
     def ghost_branch(self, req, result):
         """marconi+: where the input leaves the sequences the ghost index remembers (past
@@ -266,8 +283,7 @@ class MarconiPolicyState(AdmissionPlans):
         whether the input reaches a remembered end (any mode). Returns (result, reaches)."""
         if self.ghost is None:
             return result, False
-        tokens = req.origin_input_ids
-        branch, end = self.ghost.lookup(tokens, max(0, len(tokens) - 1))
+        branch, end = self._ghost_lookup(req)
         if not self.extra_buffer:
             return result, bool(end)  # no prefill snapshots a branch
         branch = branch // self.grid * self.grid
@@ -288,6 +304,7 @@ class MarconiPolicyState(AdmissionPlans):
     # -- request end ---------------------------------------------------------------------
     def on_release(self, req, finished: bool) -> None:
         adm = self.take_plan(req)
+        req.marconi_ticked = False  # a retracted request's next match is a new admission
         if not finished or adm is None:
             return
         st = self.stats
