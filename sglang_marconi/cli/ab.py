@@ -10,7 +10,7 @@ import warnings
 from sglang_marconi.errors import UserError
 from sglang_marconi.policy import defaults
 
-CACHE_NAMES = ("stock", "stock-python", "marconi", "marconi+")
+CACHE_NAMES = ("stock", "stock-python", "marconi", "marconi+", "marconi-paper")
 DEFAULT_CACHES = ("stock", "stock-python", "marconi")
 
 ROWS = (  # (label, key, format)

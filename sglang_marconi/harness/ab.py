@@ -18,6 +18,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from sglang_marconi.policy import defaults
 from sglang_marconi.sglang_integration.options import MarconiSettings
 from sglang_marconi.driver.pools import PoolConfig, build_cache
 from sglang_marconi.driver.replay import Replayer, ReplayRequest
@@ -29,6 +30,7 @@ CACHES = {
     "stock-python": ("python", False),  # UnifiedRadixCache, python tree core
     "marconi": ("python", True),      # MarconiUnifiedRadixCache (components force python)
     "marconi+": ("python", True),     # the same with settings.plus (docs/beyond.md)
+    "marconi-paper": ("python", True),  # marconi with the paper's admission (2 states/request)
 }
 
 
@@ -94,6 +96,9 @@ def make_cache(name: str, cfg: ABConfig):
         settings = cfg.settings or MarconiSettings()
         if name == "marconi+":
             settings = dataclasses.replace(settings, plus=True, alpha=0.0)
+        elif name == "marconi-paper":
+            settings = dataclasses.replace(
+                settings, max_states_per_request=defaults.PAPER_MAX_STATES_PER_REQUEST)
         cache_class = functools.partial(MarconiUnifiedRadixCache, settings=settings,
                                         spec=cfg.spec)
     return build_cache(cfg.pools, cache_class=cache_class, tree_core=core)
