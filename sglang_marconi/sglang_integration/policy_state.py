@@ -2,7 +2,14 @@
 
 One per cache: the cost model, alpha (fixed; tuned once by ``policy.alpha.AlphaTuner``
 on shadow replays, see ``shadow``; or followed online by ``policy.online.OnlineAlpha``),
-the per-request admission plans and the counters.
+the per-request admission plans (``admission_plans.AdmissionPlans``, kept on the request
+objects) and the counters.
+
+alpha = auto. After the bootstrap window, one tuning slice per finished request (a fixed
+token budget of shadow replay, ``policy.defaults.TUNE_SLICE_TOKENS``); the tuned alpha
+applies from the request whose slice completes the replay, the same index on every TP
+rank. A failing replay is logged as an error and counted (``tuner_failures``); the alpha
+stays, no other tuner runs.
 
 alpha = online. ``OnlineAlpha`` keeps one shadow cache per candidate alpha: a simulator
 ``PrefixCache`` (tree metadata only, no tensors) configured as the simulator's image of
