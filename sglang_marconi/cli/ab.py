@@ -58,9 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="replay only the first N requests")
     parser.add_argument("--caches", default=",".join(DEFAULT_CACHES),
                         help=f"comma-separated subset of {', '.join(CACHE_NAMES)}")
-    parser.add_argument("--marconi-alpha", default="auto",
-                        help="number >= 0, auto (bootstrap tuning; default) or online "
-                             "(shadow caches follow the traffic)")
+    parser.add_argument("--marconi-alpha", default=defaults.SERVER_ALPHA_MODE,
+                        help="number >= 0, auto (bootstrap tuning) or online (shadow "
+                             f"caches follow the traffic; default {defaults.SERVER_ALPHA_MODE})")
     parser.add_argument("--marconi-online-alphas", default=",".join(f"{a:g}" for a in defaults.ONLINE_ALPHAS),
                         help="with --marconi-alpha online: the shadows' alphas")
     parser.add_argument("--marconi-online-window", type=_positive,
