@@ -3,9 +3,11 @@
 1. Replay: the same requests of the shared Mooncake trace through stock
    ``UnifiedRadixCache`` (compiled core "stock", python core "stock-python") and
    ``MarconiUnifiedRadixCache`` ("marconi", a fixed alpha; ``--auto``: "marconi-auto",
-   ``--plus``: "marconi+"), interleaved request by request. Printed: mean, P50 and P99 ms per
-   request, the ratio to each stock core, PASS/MISS for the target (marconi mean within
-   1.15x of stock-python), and peak Python memory from a separate, untimed tracemalloc pass.
+   ``--online``: "marconi-online", ``--plus``: "marconi+"), interleaved request by request.
+   Printed: mean, P50 and P99 ms per request, the ratio to each stock core, mean, P99 and
+   max ms per cache call (alpha tuning included), PASS/MISS for the targets (marconi mean
+   within 1.15x of stock, the compiled core; no cache call over 50 ms), and peak Python
+   memory from a separate, untimed tracemalloc pass.
 2. Scaling: trees of about 1K, 10K and 100K nodes, pools full ("state" or "kv"), time per
    request and per eviction call.
 3. The simulator's ``policy.cache.PrefixCache`` at the same sizes.
@@ -14,7 +16,7 @@ How each part measures: ``sglang_marconi/reports/overhead.py``; the report:
 ``reports/overhead_report.py``.
 A benchmark, not a test: exits 0 either way (1 with ``--strict`` on a MISS).
 
-Usage: .venv/bin/python scripts/bench_overhead.py [--quick] [--limit N] [--auto]
+Usage: .venv/bin/python scripts/bench_overhead.py [--quick] [--limit N] [--auto] [--online]
        [--sizes 1000,10000,100000] [--json PATH] [--strict]
 """
 from __future__ import annotations
@@ -39,8 +41,10 @@ def main(argv=None) -> int:
     ap.add_argument("--mamba-slots", type=int, default=200)
     ap.add_argument("--alpha", type=float, default=1.0, help="marconi's fixed alpha")
     ap.add_argument("--auto", action="store_true",
-                    help="add a marconi-auto column (alpha=auto: its one-off tuning replay "
-                         "takes about 30 s on the full trace)")
+                    help="add a marconi-auto column (alpha=auto: its tuning replay runs in "
+                         "slices, one per finished request)")
+    ap.add_argument("--online", action="store_true",
+                    help="add a marconi-online column (--marconi-alpha online)")
     ap.add_argument("--plus", action="store_true",
                     help="add a marconi+ column (--cache-policy marconi+)")
     ap.add_argument("--memory-limit", type=int, default=500,

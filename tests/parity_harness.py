@@ -176,7 +176,7 @@ class SGLangSide:
 
         def probe_match(req, result, *args):
             on_match(req, result, *args)
-            self.branches[req.rid] = policy.plan(req.rid).branch
+            self.branches[req.rid] = policy.plan(req).branch
 
         policy.on_match = probe_match
         component = self.cache.components[MAMBA]

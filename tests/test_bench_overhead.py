@@ -72,8 +72,12 @@ def test_replay_ratios_and_table(replay):
         assert m["peak_mib"] >= m["end_mib"] > 0 and m["requests"] == 8
     text = format_replay(timing, memory, 1.15)
     assert "stock-python" in text and "marconi" in text
-    verdict = "PASS" if r["stock-python"]["mean"] <= 1.15 else "MISS"
-    assert f"-> {verdict}" in text
+    verdict = "PASS" if r["stock"]["mean"] <= 1.15 else "MISS"
+    assert f"of stock (compiled core): {r['stock']['mean']:.3f}x -> {verdict}" in text
+    for col in timing.values():  # per cache call: bounded by the per-request time
+        assert 0 < col["call_mean_ms"] <= col["call_p99_ms"] <= col["call_max_ms"]
+        assert col["call_max_ms"] <= col["max_ms"] + 1e-9
+    assert "longest single cache call" in text
 
 
 @pytest.mark.parametrize("scenario", bench.SCENARIOS)

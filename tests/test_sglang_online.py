@@ -80,7 +80,9 @@ def test_online_flags_parse():
 
 
 @pytest.mark.parametrize("flags,fragment", [
-    (("--marconi-online-window", "50"), "only apply with --marconi-alpha online"),
+    # online is the default mode: its flags need no --marconi-alpha, but not another mode
+    (("--marconi-alpha", "auto", "--marconi-online-window", "50"),
+     "only apply with --marconi-alpha online"),
     (("--marconi-alpha", "0.5", "--marconi-online-alphas", "0,1"), "only apply with"),
     (("--marconi-alpha", "online", "--marconi-online-window", "0"), "positive integer"),
     (("--marconi-alpha", "online", "--marconi-online-sample", "1.5"), "(0, 1]"),

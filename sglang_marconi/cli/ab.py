@@ -10,7 +10,7 @@ import warnings
 from sglang_marconi.errors import UserError
 from sglang_marconi.policy import defaults
 
-CACHE_NAMES = ("stock", "stock-python", "marconi", "marconi+")
+CACHE_NAMES = ("stock", "stock-python", "marconi", "marconi+", "marconi-paper")
 DEFAULT_CACHES = ("stock", "stock-python", "marconi")
 
 ROWS = (  # (label, key, format)
@@ -25,6 +25,9 @@ ROWS = (  # (label, key, format)
     ("bookkeeping ms / request", "bookkeeping_ms_per_request", "{:.2f}"),
     ("bookkeeping ms p50", "bookkeeping_ms_p50", "{:.2f}"),
     ("bookkeeping ms p95", "bookkeeping_ms_p95", "{:.2f}"),
+    ("bookkeeping ms p99", "bookkeeping_ms_p99", "{:.2f}"),
+    ("bookkeeping ms max request", "bookkeeping_ms_max_request", "{:.2f}"),
+    ("longest cache call ms", "bookkeeping_ms_max", "{:.2f}"),
     ("wall seconds", "wall_seconds", "{:.1f}"),
 )
 
@@ -54,9 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="replay only the first N requests")
     parser.add_argument("--caches", default=",".join(DEFAULT_CACHES),
                         help=f"comma-separated subset of {', '.join(CACHE_NAMES)}")
-    parser.add_argument("--marconi-alpha", default="auto",
-                        help="number >= 0, auto (bootstrap tuning; default) or online "
-                             "(shadow caches follow the traffic)")
+    parser.add_argument("--marconi-alpha", default=defaults.SERVER_ALPHA_MODE,
+                        help="number >= 0, auto (bootstrap tuning) or online (shadow "
+                             f"caches follow the traffic; default {defaults.SERVER_ALPHA_MODE})")
     parser.add_argument("--marconi-online-alphas", default=",".join(f"{a:g}" for a in defaults.ONLINE_ALPHAS),
                         help="with --marconi-alpha online: the shadows' alphas")
     parser.add_argument("--marconi-online-window", type=_positive,
@@ -148,7 +151,8 @@ def format_table(results: dict) -> str:
         if m:
             adm = ", ".join(f"{k}={v}" for k, v in m["states_admitted"].items())
             ev = ", ".join(f"{k}={v}" for k, v in m["states_evicted"].items())
-            tuned = (f" (tuned in {m['tuning_seconds']:.1f} s, included in its bookkeeping)"
+            tuned = (f" (tuned at request {m['tuned_at']} in {m['tuning_slices']} slices, "
+                     f"{m['tuning_seconds']:.1f} s in all, included in its bookkeeping)"
                      if m["tuning_seconds"] else "" if m["alpha_tuned"] else " (not tuned yet)")
             online = m.get("online")
             if online:

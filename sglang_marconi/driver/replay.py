@@ -33,6 +33,11 @@ from typing import Optional, Sequence
 import torch
 
 
+# a decode step's bookkeeping costs about as much as this many prefill tokens (~20 us
+# against ~0.3 us a token of a prefill chunk, CPU, python tree core)
+DECODE_STEP_WEIGHT = 64
+
+
 @dataclass
 class ReplayRequest:
     """One request: its prompt token ids and the tokens it generates."""
@@ -184,10 +189,26 @@ class Replayer:
         self._track_decode_state(req)
 
     def run(self, rr: ReplayRequest) -> RequestOutcome:
+        """Replay ``rr`` to its end (finish or abort)."""
+        steps = self.steps(rr)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def steps(self, rr: ReplayRequest, decode_block: int = 64):
+        """``run`` in steps: yields the work of each step in token units (a prefill chunk:
+        its tokens, the first one with the matched prefix; a block of ``decode_block``
+        decode steps: ``DECODE_STEP_WEIGHT`` units a step, measured on CPU) and
+        returns the ``RequestOutcome`` (the release, which inserts the whole sequence,
+        is the generator's last step). The alpha tuner's shadow replay runs a bounded
+        number of tokens per cache call."""
         from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH, Req
         from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
         from sglang.srt.sampling.sampling_params import SamplingParams
 
+        seconds = 0.0
         t0 = time.perf_counter()
         input_len = len(rr.input_ids)
         req = Req(rid=rr.rid, origin_input_text="", origin_input_ids=rr.input_ids,
@@ -199,6 +220,7 @@ class Replayer:
         peak_kv = peak_mamba = 0
         chunks = 0
         while True:
+            start = req.prefix_len
             self._extend(req, input_len)
             chunks += 1
             peak_kv, peak_mamba = max(peak_kv, self.kv_used()), max(peak_mamba, self.mamba_used())
@@ -206,17 +228,25 @@ class Replayer:
                 req.finished_reason = FINISH_ABORT("aborted by replay")
                 release_kv_cache(req, self.cache, checkpoint=False)
                 return RequestOutcome(input_len, hit_len, 0, True,
-                                      time.perf_counter() - t0, peak_kv, peak_mamba)
+                                      seconds + time.perf_counter() - t0, peak_kv, peak_mamba)
             if req.extend_end >= input_len:
                 req.prefix_len = req.extend_end
                 break
             checkpoint_kv_cache(req, self.cache)
             req.init_next_round_input()
+            seconds += time.perf_counter() - t0
+            yield req.extend_end - (start if chunks > 1 else 0)
+            t0 = time.perf_counter()
         # The prefill samples the first output token; each decode step adds KV for the
         # previous token and samples the next one. The last token never gets KV.
         out_ids = list(rr.output_ids) or [_output_token(rr.rid, 0)]
         out_len = len(out_ids)
         for i in range(out_len):
+            if i % decode_block == 0:
+                seconds += time.perf_counter() - t0
+                yield (input_len - (start if chunks > 1 else 0) if i == 0
+                       else decode_block * DECODE_STEP_WEIGHT)
+                t0 = time.perf_counter()
             req.output_ids.append(int(out_ids[i]))
             if i == out_len - 1:
                 req.finished_reason = FINISH_LENGTH(length=out_len)
@@ -225,7 +255,7 @@ class Replayer:
         peak_kv, peak_mamba = max(peak_kv, self.kv_used()), max(peak_mamba, self.mamba_used())
         release_kv_cache(req, self.cache, checkpoint=True)
         return RequestOutcome(input_len, hit_len, out_len, False,
-                              time.perf_counter() - t0, peak_kv, peak_mamba)
+                              seconds + time.perf_counter() - t0, peak_kv, peak_mamba)
 
 
 def _output_token(rid: str, i: int) -> int:

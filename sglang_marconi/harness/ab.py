@@ -18,10 +18,11 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from sglang_marconi.policy import defaults
 from sglang_marconi.sglang_integration.options import MarconiSettings
 from sglang_marconi.driver.pools import PoolConfig, build_cache
 from sglang_marconi.driver.replay import Replayer, ReplayRequest
-from sglang_marconi.harness.timing import quantile
+from sglang_marconi.harness.timing import CallTimer, quantile
 
 # name -> (tree core, marconi?)
 CACHES = {
@@ -29,6 +30,7 @@ CACHES = {
     "stock-python": ("python", False),  # UnifiedRadixCache, python tree core
     "marconi": ("python", True),      # MarconiUnifiedRadixCache (components force python)
     "marconi+": ("python", True),     # the same with settings.plus (docs/beyond.md)
+    "marconi-paper": ("python", True),  # marconi with the paper's admission (2 states/request)
 }
 
 
@@ -95,6 +97,9 @@ def make_cache(name: str, cfg: ABConfig):
         settings = cfg.settings or MarconiSettings()
         if name == "marconi+":
             settings = dataclasses.replace(settings, plus=True, alpha=0.0)
+        elif name == "marconi-paper":
+            settings = dataclasses.replace(
+                settings, max_states_per_request=defaults.PAPER_MAX_STATES_PER_REQUEST)
         cache_class = functools.partial(MarconiUnifiedRadixCache, settings=settings,
                                         spec=cfg.spec)
     if cfg.unified is not None:
@@ -110,6 +115,7 @@ def run_one(name: str, requests: list, cfg: ABConfig,
     """Replay ``requests`` through a fresh cache ``name``; returns its column of numbers."""
     cache, _, _ = make_cache(name, cfg)
     counters = instrument(cache)
+    calls = CallTimer(cache)
     replayer = Replayer(cache, chunked_prefill_size=cfg.pools.chunked_prefill_size)
     spec = cfg.spec
     hit = inp = 0
@@ -146,6 +152,11 @@ def run_one(name: str, requests: list, cfg: ABConfig,
         "bookkeeping_ms_per_request": 1000 * statistics.fmean(times) if times else 0.0,
         "bookkeeping_ms_p50": 1000 * quantile(times, 0.50),
         "bookkeeping_ms_p95": 1000 * quantile(times, 0.95),
+        "bookkeeping_ms_p99": 1000 * quantile(times, 0.99),
+        "bookkeeping_ms_max_request": 1000 * max(times, default=0.0),
+        # the longest single cache call (alpha tuning included: harness.timing.CallTimer)
+        "bookkeeping_ms_max": 1000 * calls.max,
+        "bookkeeping_call_ms_p99": 1000 * quantile(calls.seconds, 0.99),
         "wall_seconds": wall,
     }
     if hasattr(cache, "marconi"):

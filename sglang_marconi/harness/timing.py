@@ -37,3 +37,37 @@ class EvictTimer:
             return result
 
         cache._evict = timed
+
+
+class CallTimer:
+    """Wraps the cache methods the scheduler calls (``CALLS``) and keeps the wall time of
+    each outermost call (a call made inside another is part of it): ``max`` is the longest
+    single cache call, alpha tuning included (it runs inside ``on_release``)."""
+
+    CALLS = ("match_prefix", "lock", "unlock", "checkpoint", "evict", "evict_for_alloc",
+             "free_kv_row", "on_release")
+
+    def __init__(self, cache):
+        self.seconds = []
+        self._depth = 0
+        for name in self.CALLS:
+            if hasattr(cache, name):
+                setattr(cache, name, self._wrap(getattr(cache, name)))
+
+    def _wrap(self, inner):
+        def timed(*args, **kwargs):
+            if self._depth:
+                return inner(*args, **kwargs)
+            self._depth += 1
+            t0 = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.seconds.append(time.perf_counter() - t0)
+                self._depth -= 1
+
+        return timed
+
+    @property
+    def max(self) -> float:
+        return max(self.seconds, default=0.0)

@@ -39,6 +39,7 @@ class GhostIndex:
             raise ValueError("the ghost index needs a positive token budget")
         self.max_tokens = int(max_tokens)
         self.tree = RadixTree(UnitCost())
+        self.version = 0  # bumped by every record: a lookup's answer holds until then
 
     def lookup(self, tokens, limit: int):
         """(branch_len, end_len): where ``tokens`` leave the remembered sequences, and the
@@ -48,6 +49,7 @@ class GhostIndex:
 
     def record(self, tokens, end_position: int, now: float) -> None:
         """Remember ``tokens`` with an end marker at ``end_position``; forget old leaves."""
+        self.version += 1
         self.tree.insert(tokens, [end_position] if end_position else [], now)
         while self.tree.num_kv_tokens > self.max_tokens:
             if self.tree.evict_one() is None:

@@ -33,7 +33,7 @@ import tracemalloc
 from array import array
 from pathlib import Path
 
-from sglang_marconi.harness.timing import EvictTimer, quantile
+from sglang_marconi.harness.timing import CallTimer, EvictTimer, quantile
 
 REPLAY_CACHES = ("stock", "stock-python", "marconi")
 SCALE_CACHES = ("stock", "stock-python", "marconi")
@@ -52,7 +52,9 @@ def _settings(name: str, alpha: float):
 
     if name == "marconi+":
         return MarconiSettings(alpha=0.0, plus=True)
-    return MarconiSettings(alpha="auto" if name == "marconi-auto" else float(alpha))
+    if name in ("marconi-auto", "marconi-online"):
+        return MarconiSettings(alpha=name.split("-")[1])
+    return MarconiSettings(alpha=float(alpha))
 
 
 def _node_count(cache):
@@ -101,6 +103,7 @@ def replay_timing(requests, cfg, names=REPLAY_CACHES, alpha: float = 1.0,
         cache, _, _ = make_cache(_base(name), c)
         counters = instrument(cache)
         runs.append(dict(name=name, cache=cache, counters=counters, evict=EvictTimer(cache),
+                         calls=CallTimer(cache),
                          clock=clock._LAST_ACCESS_TIME_COUNTER_FLOAT, times=[], hit=0, inp=0,
                          saved=0.0, replayer=Replayer(
                              cache, chunked_prefill_size=cfg.pools.chunked_prefill_size)))
@@ -146,12 +149,18 @@ def replay_timing(requests, cfg, names=REPLAY_CACHES, alpha: float = 1.0,
             "p50_ms": 1000 * quantile(times, 0.50),
             "p99_ms": 1000 * quantile(times, 0.99),
             "max_ms": 1000 * max(times),
+            # each cache call the scheduler makes, alpha tuning included (in on_release)
+            "call_mean_ms": 1000 * statistics.fmean(run["calls"].seconds),
+            "call_p99_ms": 1000 * quantile(run["calls"].seconds, 0.99),
+            "call_max_ms": 1000 * run["calls"].max,
         }
         if hasattr(cache, "marconi"):
             m = cache.marconi.stats
             col["alpha"] = m.alpha
             col["tuning_s"] = m.tuning_seconds
-            # the mean without the one request that ran the tuning replay
+            col["tuning_slices"] = m.tuning_slices
+            col["tuned_at"] = m.tuned_at
+            # the mean without the tuning slices (spread over ``tuning_slices`` requests)
             col["mean_ms_without_tuning"] = 1000 * (sum(times) - m.tuning_seconds) / len(times)
         results[run["name"]] = col
     del runs

@@ -29,7 +29,10 @@ def marconi_cache_factory(ctx, settings: MarconiSettings | None = None):
     ``settings`` default to the ``SGLANG_MARCONI_*`` variables the plugin's flag hook
     exported in the launcher (scheduler processes inherit them).
     """
-    from sglang.srt.mem_cache.registry import create_unified_radix_cache
+    from sglang.srt.mem_cache.registry import (
+        create_unified_radix_cache,
+        default_radix_cache_factory,
+    )
     from sglang.srt.runtime_context import get_memory
 
     from sglang_marconi.sglang_integration.cache import MarconiUnifiedRadixCache
@@ -42,8 +45,12 @@ def marconi_cache_factory(ctx, settings: MarconiSettings | None = None):
     if ctx.is_hybrid_swa:
         raise ValueError("--cache-policy marconi does not support sliding-window hybrids")
     if ctx.disable_radix_cache:
-        raise ValueError("--cache-policy marconi needs the radix cache "
-                         "(drop --disable-radix-cache)")
+        # A PD decode server: SGLang turns the radix cache off after flag validation
+        # (a user's --disable-radix-cache is refused at start-up). No prefix cache, no
+        # policy: stock behaviour.
+        logger.info("--cache-policy marconi: the radix cache is disabled here (e.g. a "
+                    "PD decode server); using SGLang's default cache")
+        return default_radix_cache_factory(ctx)
     if ctx.enable_hierarchical_cache:
         raise ValueError("--cache-policy marconi does not support --enable-hierarchical-cache")
     eviction = get_memory().radix_eviction_policy

@@ -107,6 +107,12 @@ class _SGLangTree:
 SGLANG_TREE = _SGLangTree()
 
 
+def by_id(nodes) -> list:
+    """``nodes`` (a set) in creation order: SGLang numbers tree nodes as it creates them,
+    the same on every TP rank, where a set's order follows object addresses."""
+    return sorted(nodes, key=lambda n: n.id)
+
+
 def rekey_state_change(cache, node) -> None:
     """``node`` gained or lost its state: re-key it in the FULL queue and the states whose
     nearest checkpointed ancestor it now is or was (``ranking.states_below``, both queues)."""
@@ -295,7 +301,7 @@ class MarconiFullComponent(_ScoredQueue, FullComponent):
         leaves = self.tree_core.evictable_device_leaves
         if not isinstance(leaves, _LeafSet):
             self.tree_core.evictable_device_leaves = _LeafSet(self, leaves)
-        for node in self.tree_core.evictable_device_leaves:
+        for node in by_id(self.tree_core.evictable_device_leaves):
             self.track(node)
 
     def track(self, node) -> None:
@@ -318,7 +324,9 @@ class MarconiFullComponent(_ScoredQueue, FullComponent):
         """Leaves matched since they were keyed get their current time (efficiencies are
         kept current by the hooks)."""
         queue = self.queue
-        for node in self.tree_core.evictable_device_leaves:
+        # in node-id order, never the set's (object-address) order: a key pushed gets the
+        # next sequence number, which breaks ties, and every TP rank must break them alike
+        for node in by_id(self.tree_core.evictable_device_leaves):
             entry = queue.entry(node)
             if entry is None:
                 self.track(node)

@@ -47,7 +47,7 @@ _CONFLICTS = {
 class MarconiSettings:
     """What the Marconi cache needs beyond SGLang's own arguments."""
 
-    alpha: Union[float, str] = "auto"  # a number >= 0, "auto" (bootstrap) or "online"
+    alpha: Union[float, str] = defaults.SERVER_ALPHA_MODE  # a number >= 0, "auto" (bootstrap) or "online"
     bootstrap_multiplier: float = defaults.BOOTSTRAP_MULTIPLIER  # k: tune after k x (requests until first eviction)
     max_states_per_request: int = defaults.SERVER_MAX_STATES_PER_REQUEST  # states one request may leave in the tree; -1: no cap
     # alpha = online: the shadow caches' alphas, the sliding window (requests) and the
@@ -209,7 +209,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--marconi-alpha", dest="marconi_alpha", type=_alpha_arg, default=None,
                        help="Weight of FLOP efficiency against recency (0 = LRU), 'auto' "
                             "to tune it once from the first requests, or 'online' to follow "
-                            "the traffic with metadata-only shadow caches (default: auto).")
+                            "the traffic with metadata-only shadow caches (default: "
+                            f"{defaults.SERVER_ALPHA_MODE}).")
     group.add_argument("--marconi-bootstrap-multiplier", dest="marconi_bootstrap_multiplier",
                        type=float, default=None,
                        help="With --marconi-alpha auto: tune once k x (requests before the "
@@ -340,3 +341,18 @@ def apply_to_namespace(args, environ=None) -> Optional[MarconiSettings]:
     env = os.environ if environ is None else environ
     env.update(settings.to_env())
     return settings
+
+
+def validate_server_args(server_args) -> Optional[MarconiSettings]:
+    """A resolved ``ServerArgs`` from any entry point (``sglang.Engine(...)`` builds it
+    without the command line): with ``radix_cache_backend="marconi"``, the flags' checks
+    and messages on its fields and the ``SGLANG_MARCONI_*`` settings the backend reads.
+    A PD decode server, whose radix cache SGLang turned off, passes (the backend steps
+    aside). Raises ValueError."""
+    if getattr(server_args, "radix_cache_backend", None) != BACKEND_NAME:
+        return None
+    if (getattr(server_args, "disaggregation_mode", None) == "decode"
+            and getattr(server_args, "disable_radix_cache", False)):
+        return None
+    settings_from_namespace(server_args)
+    return MarconiSettings.from_env()

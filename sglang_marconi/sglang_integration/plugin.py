@@ -1,9 +1,15 @@
 """SGLang plugin (entry-point group ``sglang.srt.plugins``, name ``marconi``).
 
 SGLang calls ``register`` in every process it starts (launcher, scheduler processes,
-detokenizer). It registers the ``marconi`` radix-cache backend and two hooks on
+detokenizer). It registers the ``marconi`` radix-cache backend and three hooks on
 ``ServerArgs``: one adds ``--cache-policy`` and the ``--marconi-*`` flags to the parser,
-the other validates them and selects the backend before ``ServerArgs`` is built.
+one validates them and selects the backend before ``ServerArgs`` is built from the command
+line, and one runs the same checks, with the same messages (a ``ValueError``), when SGLang
+validates any ``ServerArgs`` at start-up (``ServerArgs.check_server_args``, called by
+``Engine._launch_subprocesses`` for ``sglang.Engine(...)`` and the HTTP server alike):
+the Python API selects the policy with ``radix_cache_backend="marconi"`` and the
+``SGLANG_MARCONI_*`` settings. (``ServerArgs`` is a msgspec struct: a hook on its
+``__post_init__`` is never called.)
 """
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ logger = logging.getLogger("sglang_marconi.plugin")
 
 ADD_CLI_ARGS = "sglang.srt.server_args.ServerArgs.add_cli_args"
 FROM_CLI_ARGS = "sglang.srt.server_args.ServerArgs.from_cli_args"
+CHECK_SERVER_ARGS = "sglang.srt.server_args.ServerArgs.check_server_args"
 _registered = False
 
 
@@ -42,6 +49,14 @@ def _around_from_cli_args(original, cls, args, *rest, **kwargs):
     return original(cls, args, *rest, **kwargs)
 
 
+def _before_check_server_args(server_args, *args, **kwargs):
+    """``ServerArgs`` from any entry point, resolved: the flags' checks."""
+    from sglang_marconi.sglang_integration.options import validate_server_args
+
+    if not _has_native_flags(type(server_args)):
+        validate_server_args(server_args)
+
+
 def register() -> None:
     """Register the backend and the flag hooks (idempotent)."""
     global _registered
@@ -63,5 +78,6 @@ def register() -> None:
         register_radix_cache_backend(BACKEND_NAME, marconi_cache_factory)
     HookRegistry.register(ADD_CLI_ARGS, _after_add_cli_args, HookType.AFTER)
     HookRegistry.register(FROM_CLI_ARGS, _around_from_cli_args, HookType.AROUND)
+    HookRegistry.register(CHECK_SERVER_ARGS, _before_check_server_args, HookType.BEFORE)
     _registered = True
     logger.debug("sglang-marconi plugin registered")

@@ -2,7 +2,14 @@
 
 One per cache: the cost model, alpha (fixed; tuned once by ``policy.alpha.AlphaTuner``
 on shadow replays, see ``shadow``; or followed online by ``policy.online.OnlineAlpha``),
-the per-request admission plans and the counters.
+the per-request admission plans (``admission_plans.AdmissionPlans``, kept on the request
+objects) and the counters.
+
+alpha = auto. After the bootstrap window, one tuning slice per finished request (a fixed
+token budget of shadow replay, ``policy.defaults.TUNE_SLICE_TOKENS``); the tuned alpha
+applies from the request whose slice completes the replay, the same index on every TP
+rank. A failing replay is logged as an error and counted (``tuner_failures``); the alpha
+stays, no other tuner runs.
 
 alpha = online. ``OnlineAlpha`` keeps one shadow cache per candidate alpha: a simulator
 ``PrefixCache`` (tree metadata only, no tensors) configured as the simulator's image of
@@ -34,48 +41,33 @@ split anything there), so the prefill snapshots the chunk end instead of that le
 (``MarconiUnifiedRadixCache``). Without a cap (the default) every state SGLang takes is
 admitted and FLOP-aware eviction decides which to keep.
 
-Recency of states is read on ``clock``: one tick per request match (the simulator's
-request clock).
+Recency of states is read on ``clock``: one tick per request, at its first match after
+it arrived or was retracted (the simulator's request clock); re-matches of a waiting
+request (one per scheduling round) neither tick it nor repeat the marconi+ ghost lookup
+while the ghost index is unchanged (``_ghost_lookup``), so their cost stays SGLang's match.
 """
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Optional
-
-from sglang_marconi.policy.admission import branch_checkpoint
+from sglang_marconi.policy import defaults
 from sglang_marconi.policy.defaults import PAPER_MAX_STATES_PER_REQUEST, running_state_slots
 from sglang_marconi.policy.mirror import state_pool_image
 from sglang_marconi.policy.ranking import ranked_efficiency
+from sglang_marconi.sglang_integration.admission_plans import NO_CAP, AdmissionPlans, RequestAdmission
 from sglang_marconi.sglang_integration.components import SGLANG_TREE, has_state
 from sglang_marconi.sglang_integration.options import MarconiSettings
 from sglang_marconi.sglang_integration.stats import MarconiStats
 
 logger = logging.getLogger("sglang_marconi.cache")
 
-NO_CAP = 1 << 30
 LOG_EVERY = 200  # requests between two summary log lines
 
 
-@dataclass
-class RequestAdmission:
-    hit_len: int
-    branch_len: Optional[int]  # as the match reported it
-    branch: int                # the admitted branch position (0: none)
-    chunk_budget: int          # chunk-boundary states still allowed
-    pending: str = ""          # reason of the state being inserted now
-    published: int = 0         # intermediate states admitted so far
-    ghost_end: bool = False    # marconi+: the input reaches a remembered request end
-    end: int = 0               # marconi+: where its end state is or would be (0: none new)
-    hit_node: object = None    # marconi+: the node whose state its (last) match consumes
-    counted: bool = False      # marconi+: counted in the end-state reuse rate
-
-
-class MarconiPolicyState:
+class MarconiPolicyState(AdmissionPlans):
     """Cost model, alpha, admission plans and counters of one Marconi cache."""
 
     log_every = LOG_EVERY
-    max_tracked_requests = 1 << 16  # plans of requests that matched but never finished
+    tune_slice_tokens = defaults.TUNE_SLICE_TOKENS  # tokens replayed per tuning slice
 
     def __init__(self, settings: MarconiSettings, spec, grid: int, kv_tokens: int,
                  state_slots: int, page_size: int = 1, extra_buffer: bool = False,
@@ -87,8 +79,7 @@ class MarconiPolicyState:
                            else settings.max_states_per_request)
         self.stats = MarconiStats()
         self.exporter = None
-        self._requests: dict[str, RequestAdmission] = {}
-        self._matched_node = None  # set by the MAMBA component during a match walk
+        self._init_plans()
         self.rekey = None  # callable(node): re-key a node in both victim queues (the cache)
         self.clock = 0  # request clock: ticks once per request match (state recency)
         self.extra_buffer = extra_buffer
@@ -118,8 +109,12 @@ class MarconiPolicyState:
             # the auto tuner replays the window through shadow caches of the live class
             self.shadow = ShadowReplay(cache_class, spec, settings, kv_tokens, state_slots,
                                        page_size, extra_buffer)
-            self.tuner = AlphaTuner(self._replay_window, grid=TUNING_GRID,
-                                    multiplier=settings.bootstrap_multiplier)
+            # tuned in slices of a fixed token budget, one per finished request, so no
+            # cache call carries the whole replay (policy.alpha)
+            self.tuner = AlphaTuner(self.shadow, grid=TUNING_GRID,
+                                    multiplier=settings.bootstrap_multiplier,
+                                    steps=self.shadow.steps,
+                                    slice_cost=self.tune_slice_tokens)
         self.reuse = self.ghost = self.end_usefulness = None
         if settings.plus:
             from sglang_marconi.policy.ghost import GhostIndex
@@ -179,27 +174,25 @@ class MarconiPolicyState:
         # end or a decode snapshot), not the end of the KV
         self.ghost.record(full, adm.end, self.clock)
 
-    def _replay_window(self, window, alpha: float) -> float:
-        """FLOPs saved on the recorded window by a shadow SGLang cache with this alpha;
-        the simulator's cache (same byte budget) if the shadow cannot be built here."""
-        if self.shadow is not None:
-            try:
-                return self.shadow(window, alpha)
-            except Exception as exc:  # e.g. SGLang's test kit missing on a server
-                logger.warning("Marconi: shadow replay failed (%s); tuning alpha on the "
-                               "simulator instead", exc)
-                self.shadow = None
-        import numpy as np
+    def _observe_tuner(self, req) -> None:
+        """alpha = auto: record the finished request, or run one tuning slice. A failing
+        replay is an error (logged, counted in ``tuner_failures``): the alpha stays where
+        it is, and no other tuner takes over."""
+        from sglang_marconi.sglang_integration.shadow import window_item
 
-        from sglang_marconi.policy.cache import PrefixCache
-
-        shadow = PrefixCache(self.spec, self.capacity_bytes, alpha=alpha, grid=self.grid,
-                             max_states_per_request=self.max_states)
-        for input_ids, output_ids in window:
-            inp = np.asarray(input_ids, dtype=np.int64)
-            full = np.concatenate([inp, np.asarray(output_ids[:-1], dtype=np.int64)])
-            shadow.process(inp, full)
-        return shadow.stats.flops_saved
+        try:
+            new_alpha = self.tuner.observe_request(window_item(req))
+        except Exception:
+            logger.exception("Marconi: alpha tuning failed after %d requests; alpha stays "
+                             "%g (no retry)", self.stats.requests, self.alpha)
+            self.tuner.abandon()
+            self.stats.tuner_failures += 1
+            if self.exporter is not None:
+                self.exporter.tuner_failure()
+            return
+        self.stats.tuning_slices = self.tuner.slices
+        if new_alpha is not None:
+            self._set_alpha(new_alpha)
 
     def _set_alpha(self, alpha: float) -> None:
         self.alpha = float(alpha)
@@ -211,8 +204,10 @@ class MarconiPolicyState:
                         {a: f"{v:.3g}" for a, v in self.online.window_scores().items()})
         else:
             self.stats.tuning_seconds = getattr(self.shadow, "seconds", 0.0)
-            logger.info("Marconi alpha tuned to %g in %.1f s (FLOPs saved by alpha: %s)",
-                        self.alpha, getattr(self.shadow, "seconds", 0.0),
+            self.stats.tuned_at = self.tuner.tuned_at
+            logger.info("Marconi alpha tuned to %g at request %d in %d slices, %.1f s in "
+                        "all (FLOPs saved by alpha: %s)", self.alpha, self.tuner.tuned_at,
+                        self.tuner.slices, getattr(self.shadow, "seconds", 0.0),
                         {a: f"{v:.3g}" for a, v in getattr(self.tuner, "scores", {}).items()})
         if self.exporter is not None:
             self.exporter.set_alpha(self.alpha)
@@ -267,15 +262,26 @@ class MarconiPolicyState:
         """FLOP efficiency of the node per byte of the token pool (its own KV tokens)."""
         return self._efficiency(node, self.spec.kv_bytes_per_token * len(node.key))
 
-    # -- admission -----------------------------------------------------------------------
-    @property
-    def capped(self) -> bool:
-        return self.max_states != NO_CAP
-
-    def tick(self) -> None:
-        """A request is matched: the request clock advances."""
-        self.clock += 1
+    # -- admission (the plans: admission_plans.AdmissionPlans) ---------------------------
+    def tick(self, req) -> None:
+        """A request is matched: the request clock advances on its first match since it
+        arrived or was retracted (a waiting request re-matched every scheduling round
+        does not advance it again; its release resets the mark)."""
         self._matched_node = None
+        if not getattr(req, "marconi_ticked", False):
+            req.marconi_ticked = True
+            self.clock += 1
+
+    def _ghost_lookup(self, req):
+        """The ghost index's answer for ``req``'s input, kept on the request until the
+        index changes (a waiting request is re-matched every scheduling round)."""
+        cached = getattr(req, "marconi_ghost", None)
+        if cached is not None and cached[0] == self.ghost.version:
+            return cached[1]
+        tokens = req.origin_input_ids
+        answer = self.ghost.lookup(tokens, max(0, len(tokens) - 1))
+        req.marconi_ghost = (self.ghost.version, answer)
+        return answer
 
     def ghost_branch(self, req, result):
         """marconi+: where the input leaves the sequences the ghost index remembers (past
@@ -284,8 +290,7 @@ class MarconiPolicyState:
         whether the input reaches a remembered end (any mode). Returns (result, reaches)."""
         if self.ghost is None:
             return result, False
-        tokens = req.origin_input_ids
-        branch, end = self.ghost.lookup(tokens, max(0, len(tokens) - 1))
+        branch, end = self._ghost_lookup(req)
         if not self.extra_buffer:
             return result, bool(end)  # no prefill snapshots a branch
         branch = branch // self.grid * self.grid
@@ -293,83 +298,6 @@ class MarconiPolicyState:
         if branch > max(current, result.device_prefix_len):
             result = result._replace(mamba_branching_seqlen=branch)
         return result, bool(end)
-
-    def on_match(self, req, result, reaches_end: bool = False) -> None:
-        """A request matched (possibly again, while it waits): plan its branch state.
-        ``reaches_end`` (marconi+): its input reaches a remembered request end."""
-        hit = result.device_prefix_len
-        # without the extra buffer no prefill snapshots a branch: the plan has none
-        branch_len = result.mamba_branching_seqlen if self.extra_buffer else None
-        input_len = len(req.origin_input_ids)
-        branch = branch_checkpoint(input_len, hit, branch_len, self.grid, self.max_states)
-        reserved = (1 if branch else 0) + 1  # the branch point and the final state
-        if len(self._requests) >= self.max_tracked_requests:  # aborted while waiting
-            self._requests.pop(next(iter(self._requests)))
-        self._requests[req.rid] = RequestAdmission(
-            hit_len=hit, branch_len=branch_len, branch=branch,
-            chunk_budget=max(0, self.max_states - reserved),
-            ghost_end=reaches_end,
-            hit_node=self._matched_node if hit else None)
-
-    def plan(self, rid: str) -> Optional[RequestAdmission]:
-        """The admission plan of request ``rid`` (matched, not yet released), or None."""
-        return self._requests.get(rid)
-
-    def _admission(self, req) -> RequestAdmission:
-        adm = self._requests.get(req.rid)
-        if adm is None:  # a request that never matched with req= (should not happen)
-            adm = RequestAdmission(req.prefix_len, None, 0, max(0, self.max_states - 1))
-            self._requests[req.rid] = adm
-        return adm
-
-    def admit_intermediate(self, req, position: int) -> bool:
-        adm = self._admission(req)
-        if adm.branch and position == adm.branch:
-            adm.pending = "branch"
-            adm.published += 1
-            return True
-        if adm.chunk_budget > 0:
-            adm.chunk_budget -= 1
-            adm.pending = "chunk"
-            adm.published += 1
-            return True
-        self.stats.rejected += 1
-        return False
-
-    def admit_final(self, req, position: int) -> bool:
-        """The finished request's state, which SGLang inserts at ``position`` (the last
-        snapshot under extra_buffer, the KV length without it)."""
-        adm = self._admission(req)
-        if self.ghost is not None and not adm.counted:
-            adm.counted = True
-            end = position
-            if adm.branch and position == adm.branch:
-                # the branch snapshot took the last chunk's slot: the end state would
-                # have been that chunk's grid-floored end, the input's
-                end = len(req.origin_input_ids) // self.grid * self.grid
-            adm.end = end if end > adm.hit_len else 0
-            # the simulator's moments: reaching a remembered end counts as a reuse, having
-            # an end state of one's own as an end, both before the decision below
-            if self.end_usefulness is not None:
-                self.end_usefulness.observe_request(adm.ghost_end, bool(adm.end))
-        if adm.branch and position == adm.branch:
-            adm.pending = "branch"  # the branch snapshot arrives as the final state
-            return True
-        adm.pending = "final"
-        if (self.end_usefulness is not None and adm.end
-                and not self.end_usefulness.admit()):
-            self.stats.end_states_skipped += 1
-            return False  # marconi+: end states are rarely reused on this traffic
-        if not self.capped:
-            return True  # no cap: SGLang's own admission, state for state
-        return adm.published < self.max_states
-
-    def state_admitted(self, req, finished: bool) -> None:
-        adm = self._requests.get(req.rid)
-        reason = adm.pending if adm and adm.pending else ("final" if finished else "chunk")
-        self.stats.admitted[reason] += 1
-        if self.exporter is not None:
-            self.exporter.state("admitted", reason)
 
     def state_evicted(self, reason: str) -> None:
         self.stats.evicted[reason] += 1
@@ -382,7 +310,8 @@ class MarconiPolicyState:
 
     # -- request end ---------------------------------------------------------------------
     def on_release(self, req, finished: bool) -> None:
-        adm = self._requests.pop(req.rid, None)
+        adm = self.take_plan(req)
+        req.marconi_ticked = False  # a retracted request's next match is a new admission
         if not finished or adm is None:
             return
         st = self.stats
@@ -395,11 +324,7 @@ class MarconiPolicyState:
         if self.exporter is not None:
             self.exporter.request(adm.hit_len, saved)
         if self.tuner is not None and self.tuner.recording:
-            from sglang_marconi.sglang_integration.shadow import window_item
-
-            new_alpha = self.tuner.observe_request(window_item(req))
-            if new_alpha is not None:
-                self._set_alpha(new_alpha)
+            self._observe_tuner(req)
         if self.online is not None:
             self._observe_online(req)
         if self.ghost is not None:

@@ -12,6 +12,10 @@ state deleted for bytes).
 With ``--marconi-alpha online``: the alpha switches, and what the shadow caches cost next to
 the real cache: their CPU time over the real cache's bookkeeping time (match, insert,
 evict), and the token ids their trees hold over the token ids the real tree holds.
+
+With ``--marconi-alpha auto``: the tuning slices run, the request count at which the tuned
+alpha took effect, and ``tuner_failures`` (``sglang:marconi_tuner_failures``): replays that
+raised, each also logged as an error (the alpha then stays where it was).
 """
 from __future__ import annotations
 
@@ -36,6 +40,9 @@ class MarconiStats:
     alpha: float = 0.0
     alpha_tuned: bool = False
     tuning_seconds: float = 0.0
+    tuning_slices: int = 0         # auto: tuning slices run (one per finished request)
+    tuned_at: int = 0              # auto: finished requests when the tuned alpha took effect
+    tuner_failures: int = 0        # auto: replays that raised (alpha left where it was)
     admitted: Counter = field(default_factory=Counter)
     rejected: int = 0
     end_states_skipped: int = 0    # marconi+: final states not admitted (learned rate)
@@ -71,6 +78,9 @@ class MarconiStats:
             "alpha": self.alpha,
             "alpha_tuned": self.alpha_tuned,
             "tuning_seconds": self.tuning_seconds,
+            "tuning_slices": self.tuning_slices,
+            "tuned_at": self.tuned_at,
+            "tuner_failures": self.tuner_failures,
             "states_admitted": {r: self.admitted[r] for r in ADMIT_REASONS},
             "states_rejected": self.rejected,
             "end_states_skipped": self.end_states_skipped,
@@ -122,6 +132,8 @@ def _series(label_names: tuple) -> dict:
                                  names + ["reason"]),
             "evicted": PCounter("sglang:marconi_states_evicted", "SSM states evicted",
                                 names + ["reason"]),
+            "tuner_failures": PCounter("sglang:marconi_tuner_failures",
+                                       "alpha=auto tuning replays that raised", names),
         }
     return _SERIES[label_names]
 
@@ -142,6 +154,9 @@ class PrometheusExporter:
 
     def state(self, kind: str, reason: str) -> None:
         self.series[kind].labels(reason=reason, **self.labels).inc()
+
+    def tuner_failure(self) -> None:
+        self.series["tuner_failures"].labels(**self.labels).inc()
 
 
 def make_exporter(cache) -> "PrometheusExporter | None":
