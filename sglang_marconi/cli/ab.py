@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import warnings
 
 from sglang_marconi.errors import UserError
 from sglang_marconi.policy import defaults
@@ -55,6 +54,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="replay only the first N requests")
     parser.add_argument("--caches", default=",".join(DEFAULT_CACHES),
                         help=f"comma-separated subset of {', '.join(CACHE_NAMES)}")
+    add_marconi_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def add_marconi_arguments(parser: argparse.ArgumentParser) -> None:
+    """The Marconi cache's settings (``ab`` and ``serve-sim``)."""
     parser.add_argument("--marconi-alpha", default="auto",
                         help="number >= 0, auto (bootstrap tuning; default) or online "
                              "(shadow caches follow the traffic)")
@@ -84,11 +90,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default=defaults.END_THRESHOLD,
                         help="marconi+ column: end-state reuse rate below which final "
                              "states are not kept")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def _caches(text: str) -> tuple:
+def parse_caches(text: str) -> tuple:
     names = tuple(n.strip() for n in text.split(",") if n.strip())
     bad = [n for n in names if n not in CACHE_NAMES]
     if bad or not names:
@@ -97,7 +101,7 @@ def _caches(text: str) -> tuple:
     return names
 
 
-def _settings(args):
+def settings_from_args(args):
     from sglang_marconi.sglang_integration.options import (
         MarconiSettings,
         parse_alpha,
@@ -164,26 +168,19 @@ def format_table(results: dict) -> str:
 
 
 def run(args) -> int:
-    with warnings.catch_warnings():
-        # sglang's imports warn about CUDA-only kernels on a CPU machine: not news here
-        warnings.filterwarnings("ignore", category=UserWarning, module=r"sglang\.")
-        return _run(args)
+    from sglang_marconi.cli.common import run_with_sglang
+
+    return run_with_sglang(_run, args)
 
 
 def _run(args) -> int:
-    try:
-        from sglang_marconi.sglang_version import check_sglang_version
-
-        check_sglang_version()
-    except ImportError as exc:
-        raise UserError(str(exc)) from None
     from sglang_marconi.model import resolve_model
     from sglang_marconi.harness.ab import ABConfig, run_ab, to_replay_requests
     from sglang_marconi.driver.pools import PoolConfig
     from sglang_marconi.sim.traces import read_trace
 
-    caches = _caches(args.caches)
-    settings = _settings(args)
+    caches = parse_caches(args.caches)
+    settings = settings_from_args(args)
     spec = resolve_model(args.model, args.config)
     if not spec.is_hybrid:
         raise UserError(f"model {spec.name} has no SSM layers: Marconi needs a hybrid model")

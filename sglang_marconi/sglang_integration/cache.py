@@ -95,7 +95,7 @@ class MarconiUnifiedRadixCache(UnifiedRadixCache):
 
     def _match_tree(self, params):
         if params.req is not None:
-            self.marconi.tick()  # before the walk: the hit's recency stamp reads the clock
+            self.marconi.tick(params.req.rid)  # before the walk: the hit's recency stamp reads the clock
         return self._timed(super()._match_tree, params)
 
     def _finalize_match_result(self, params, result):

@@ -272,9 +272,12 @@ class MarconiPolicyState:
     def capped(self) -> bool:
         return self.max_states != NO_CAP
 
-    def tick(self) -> None:
-        """A request is matched: the request clock advances."""
-        self.clock += 1
+    def tick(self, rid=None) -> None:
+        """A request is matched: the request clock advances, once per request (SGLang
+        re-matches a waiting request every scheduling round; those re-matches are not
+        new requests, so a queue under load does not speed up the clock)."""
+        if rid is None or rid not in self._requests:
+            self.clock += 1
         self._matched_node = None
 
     def ghost_branch(self, req, result):

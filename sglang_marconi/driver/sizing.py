@@ -1,0 +1,140 @@
+"""Pool sizes from a byte budget, the way SGLang 0.5.23 sizes a hybrid (attention + SSM) server.
+
+``size_pools(spec, cache_gb, memory)`` turns ``--cache-gb`` (the bytes left for the cache
+after weights and activations: SGLang's ``rest_memory``; GB = 2**30 bytes, SGLang's unit)
+into the pools a real server would build. ``spec`` is any cost model with
+``kv_bytes_per_token`` and ``ssm_state_bytes`` (``sglang_marconi.model``); this module does not
+import it. The rules, all in ``sglang/srt/mem_cache/kv_cache_configurator.py`` unless named:
+
+* state slots (``_handle_max_mamba_cache``, ~3229-3409, the ratio branch ~3338-3386, no
+  speculative decoding): ``mamba_budget = rest * r / (1 + r)`` with
+  ``r = --mamba-full-memory-ratio``; ``per_slot = mamba_cache_per_req`` (conv + temporal
+  state bytes of every SSM layer, ``configs/mamba_utils.py:116``);
+  ``max_mamba_cache_size = int((mamba_budget - per_slot) // per_slot)`` (the pool's +1
+  padding slot is charged); then ``rest -= (slots + 1) * per_slot`` (~3404-3409).
+* KV tokens (``model_executor/pool_configurator.py:637-647``): ``rest // kv_bytes_per_token``,
+  floored to the page.
+* slots per request (``_calculate_mamba_ratio``, ~3062-3086; constants ~227-229): 3, minus 1
+  with ``SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK`` (off by default), plus the tracking slots of
+  ``extra_buffer`` (``allocation_sizing.get_mamba_tracking_slots``: 2 under the overlap
+  schedule, 1 without); 1 with the radix cache disabled. So 5 for SGLang's defaults
+  (extra_buffer, overlap), 4 without overlap, 3 with ``no_buffer``.
+* max running requests (``resolve_max_num_reqs``, ~3113-3172): without
+  ``--max-running-requests``: ``min(clamp(int(kv_tokens / context_len * 512), 2048, 4096),
+  kv_tokens // 2)``; with it: ``min(given, kv_tokens // 2)``; then capped at
+  ``max_mamba_cache_size // slots_per_request``.
+* unified (``--enable-unified-memory``; ``config_from_budget`` ~3192-3211 and
+  ``unified_memory_pool.init_unified_mamba_pools`` ~1680-1691): the static split above still
+  fixes the Mamba slot *ids* (``max_mamba_cache_size``) and the KV token label; the buffer is
+  ``floor4096(rest after states) + slots * per_slot`` bytes, one byte pool both sides draw
+  from. ``kv_tokens`` is then what the KV side could hold with no state resident.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+from sglang_marconi.errors import UserError
+
+GB = 1 << 30
+BASE_SLOTS_PER_REQUEST = 3  # MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO
+DEFAULT_CONTEXT_LEN = 131072
+MODES = ("static", "unified")
+
+
+@dataclass(frozen=True)
+class PoolSizes:
+    mode: str                  # "static" | "unified"
+    cache_bytes: int           # the budget given (--cache-gb)
+    kv_tokens: int             # KV token slots (static); unified: tokens the KV side may hold if states take none
+    mamba_slots: int           # state slots (static) / Mamba slot ids (unified)
+    max_running_requests: int  # SGLang's cap: state slots // slots per request (and its other caps)
+    slots_per_request: int     # SGLang's mamba ratio (5 = 3 + 2 tracking slots: extra_buffer, overlap)
+    unified_bytes: Optional[int]  # the one buffer's bytes (unified), else None
+    mamba_full_memory_ratio: float = 0.9
+    kv_bytes_per_token: int = 0
+    state_bytes: int = 0
+    page_size: int = 64
+    static_kv_tokens: int = 0  # the static split's KV tokens (unified: SGLang's boot label)
+
+    def describe(self) -> str:
+        head = (f"{self.mode} pools from {self.cache_bytes / GB:g} GB "
+                f"(--mamba-full-memory-ratio {self.mamba_full_memory_ratio:g})")
+        if self.mode == "unified":
+            return (f"{head}: one {self.unified_bytes / GB:.2f} GB buffer, up to "
+                    f"{self.kv_tokens:,} KV tokens if no state is resident, "
+                    f"{self.mamba_slots:,} state slot ids, max running requests "
+                    f"{self.max_running_requests:,} ({self.slots_per_request} slots each)")
+        return (f"{head}: {self.kv_tokens:,} KV tokens, {self.mamba_slots:,} state slots, "
+                f"max running requests {self.max_running_requests:,} "
+                f"({self.slots_per_request} slots each)")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def slots_per_request(extra_buffer: bool = True, overlap: bool = True,
+                      skip_decode_lock: bool = False) -> int:
+    """SGLang's ``_calculate_mamba_ratio`` (radix cache on)."""
+    base = BASE_SLOTS_PER_REQUEST - (1 if skip_decode_lock else 0)
+    if extra_buffer:
+        return base + (2 if overlap else 1)
+    return base + (1 if skip_decode_lock else 0)
+
+
+def _cap_running(kv_tokens: int, mamba_slots: int, ratio: int, context_len: int,
+                 requested: Optional[int]) -> int:
+    if requested is not None:
+        reqs = min(max(1, requested), kv_tokens // 2)
+    else:
+        estimated = max(min(int(kv_tokens / context_len * 512), 4096), 2048)
+        reqs = min(estimated, kv_tokens // 2)
+    return min(reqs, mamba_slots // ratio)
+
+
+def size_pools(spec, cache_gb: float, memory: str = "static", *,
+               mamba_full_memory_ratio: float = 0.9, extra_buffer: bool = True,
+               page_size: int = 64, max_running_requests: Optional[int] = None,
+               overlap: bool = True, context_len: int = DEFAULT_CONTEXT_LEN) -> PoolSizes:
+    """The pools SGLang 0.5.23 builds for ``cache_gb`` GB of cache memory (see the module
+    docstring for the rules and their lines). ``memory``: "static" (two pools) or "unified"
+    (``--enable-unified-memory``)."""
+    if memory not in MODES:
+        raise UserError(f"--memory: expected static or unified, got {memory!r}")
+    if not cache_gb > 0:
+        raise UserError(f"--cache-gb: expected a positive number, got {cache_gb!r}")
+    if not mamba_full_memory_ratio > 0:
+        raise UserError("--mamba-full-memory-ratio: expected a positive number, got "
+                        f"{mamba_full_memory_ratio!r}")
+    if page_size < 1:
+        raise UserError(f"--page-size: expected a positive integer, got {page_size!r}")
+    kv_per_token, per_slot = int(spec.kv_bytes_per_token), int(spec.ssm_state_bytes)
+    if kv_per_token <= 0 or per_slot <= 0:
+        raise UserError(f"model {getattr(spec, 'name', '?')}: needs attention KV and SSM "
+                        "state bytes (a hybrid model)")
+    rest = cache_gb * GB
+    mamba_budget = rest * mamba_full_memory_ratio / (1 + mamba_full_memory_ratio)
+    slots = int((mamba_budget - per_slot) // per_slot)
+    rest_kv = rest - (slots + 1) * per_slot
+    kv_tokens = max(0, int(rest_kv // kv_per_token)) // page_size * page_size
+    ratio = slots_per_request(extra_buffer, overlap)
+    running = _cap_running(kv_tokens, slots, ratio, context_len, max_running_requests)
+    if slots <= 0 or kv_tokens <= 0 or running <= 0:
+        need = (ratio + 1) * per_slot * (1 + mamba_full_memory_ratio) / mamba_full_memory_ratio
+        raise UserError(f"--cache-gb {cache_gb:g} is too small for {getattr(spec, 'name', 'the model')}: "
+                        f"{max(slots, 0)} state slots ({per_slot / 2**20:.1f} MiB each), "
+                        f"{kv_tokens} KV tokens; SGLang needs room for {ratio} state slots "
+                        f"per request (at least {need / GB:.2f} GB at ratio "
+                        f"{mamba_full_memory_ratio:g})")
+    unified_bytes = None
+    total_kv = kv_tokens
+    if memory == "unified":
+        kv_side = int(rest_kv) - int(rest_kv) % 4096
+        unified_bytes = kv_side + slots * per_slot
+        total_kv = unified_bytes // kv_per_token // page_size * page_size
+    return PoolSizes(mode=memory, cache_bytes=int(rest), kv_tokens=total_kv,
+                     mamba_slots=slots, max_running_requests=running,
+                     slots_per_request=ratio, unified_bytes=unified_bytes,
+                     mamba_full_memory_ratio=mamba_full_memory_ratio,
+                     kv_bytes_per_token=kv_per_token, state_bytes=per_slot,
+                     page_size=page_size, static_kv_tokens=kv_tokens)
