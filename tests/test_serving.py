@@ -149,3 +149,25 @@ def test_cli_json_plot_and_bad_input(mooncake_path, tmp_path):
         with pytest.raises(UserError) as err:
             _cli(*base, *extra)
         assert "\n" not in str(err.value)
+
+
+def test_report_verdicts_and_markdown():
+    from sglang_marconi.reports import serving_report
+
+    def run(cache, load, p95):
+        return {"cache": cache, "load": load, "ttft_p50_s": 0.1, "ttft_p95_s": p95,
+                "ttft_p99_s": p95, "queue_p95_s": 0.0, "throughput_req_s": 1.0,
+                "flops_saved_fraction": 0.1, "token_hit_rate": 0.1,
+                "gpu_busy_fraction": 0.5, "mean_running": 2.0,
+                "state_slots_by_running_mean": 8.0, "state_slots_by_tree_mean": 30.0,
+                "retractions": 0, "bookkeeping_ms_per_step_p99": 0.5, "wall_s": 1.0}
+
+    good = [run("stock", 0.8, 2.0), run("marconi+", 0.8, 1.0), run("stock", 0.5, 1.0),
+            run("marconi+", 0.5, 1.01)]
+    assert [v for _, v, _ in serving_report.verdicts("m", good)] == ["PASS", "PASS"]
+    bad = [run("stock", 0.8, 2.0), run("marconi+", 0.8, 1.5), run("marconi", 0.8, 2.1)]
+    assert [v for _, v, _ in serving_report.verdicts("m", bad)] == ["MISS", "MISS"]
+    pools = {"mode": "static", "kv_tokens": 10, "mamba_slots": 5, "max_running_requests": 1}
+    text = serving_report.markdown({"m": {"runs": good, "config": {"pools": pools,
+                                                                     "requests": 4}}}, "cmd")
+    assert "**PASS**" in text and text.count("\n| m |") == 4

@@ -64,6 +64,7 @@ class RequestRecord:
     first_token: Optional[float] = None
     finished: Optional[float] = None
     aborted: bool = False
+    abort_reason: str = ""
     retractions: int = 0
 
 
@@ -111,7 +112,7 @@ class ServingScheduler:
         self.now = 0.0
         self.steps: List[StepRecord] = []
         self.retractions = 0
-        self.in_flight = 0
+        self.ingested = self.completed = 0  # requests arrived / finished or aborted
 
     # -- event_loop_normal (scheduler.py:2026-2060) --------------------------------------
     def done(self) -> bool:
@@ -147,18 +148,17 @@ class ServingScheduler:
         if self.after_step is not None:
             self.after_step(self)
 
+    @property
+    def in_flight(self) -> int:
+        return self.ingested - self.completed
+
     def run(self, progress=None) -> None:
-        finished = 0
+        reported = 0
         while not self.done():
             self.step()
-            if progress is not None:
-                n = sum(1 for r in self.records.values()
-                        if r.finished is not None or r.aborted) if len(self.steps) % 64 == 0 else finished
-                if n != finished:
-                    progress(n - finished)
-                    finished = n
-        if progress is not None:
-            progress(len(self.records) - finished)
+            if progress is not None and self.completed != reported:
+                progress(self.completed - reported)
+                reported = self.completed
 
     def _idle(self, ignore_waiting: bool = False) -> bool:
         return ((ignore_waiting or not self.waiting) and self.chunked_req is None
@@ -174,7 +174,7 @@ class ServingScheduler:
                 break
             arrival, rr = self.pending.pop()
             arrival = max(arrival, self.now) if self.cfg.clients is not None else arrival
-            self.in_flight += 1
+            self.ingested += 1
             out = list(rr.output_ids) or [_output_token(rr.rid, 0)]
             rec = RequestRecord(rr.rid, arrival, len(rr.input_ids), len(out))
             self.records[rr.rid] = rec
@@ -184,14 +184,15 @@ class ServingScheduler:
             req = Req(rid=rr.rid, origin_input_text="", origin_input_ids=rr.input_ids,
                       sampling_params=params)
             if rec.input_len + rec.output_len > self.allocator.size - 2 * self.allocator.page_size:
-                rec.aborted = True                           # the tokenizer's length check
-                self.in_flight -= 1
+                rec.aborted, rec.abort_reason = True, "longer than the KV pool"  # tokenizer check
+                self.completed += 1
                 continue
             self.waiting.append(req)                         # _add_request_to_queue
 
     def _abort(self, req, why: str) -> None:
-        self.records[req.rid].aborted = True
-        self.in_flight -= 1
+        rec = self.records[req.rid]
+        rec.aborted, rec.abort_reason = True, why
+        self.completed += 1
 
     # -- get_next_batch_to_run (scheduler.py:3894-4012) ----------------------------------
     def _get_next_batch_to_run(self):
@@ -366,7 +367,7 @@ class ServingScheduler:
             if req.finished():                               # prefill ~376-383, decode
                 release_kv_cache(req, self.cache, checkpoint=True)
                 rec.finished = self.now
-                self.in_flight -= 1
+                self.completed += 1
             elif not decode and self.cfg.checkpoint_after_prefill:
                 checkpoint_kv_cache(req, self.cache)         # prefill ~384-386
             elif not decode:
