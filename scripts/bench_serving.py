@@ -8,6 +8,7 @@ exits 0 either way.
 
 Usage: .venv/bin/python scripts/bench_serving.py [--models paper-7b,qwen3_next]
        [--loads 0.5,0.8,0.95] [--cache-gb 100] [--limit N] [--out docs/serving_results.md]
+       [--reuse]  (render from the JSON files an earlier run left beside --out)
 """
 from __future__ import annotations
 
@@ -37,6 +38,8 @@ def main(argv=None) -> int:
     ap.add_argument("--caches", default="stock,marconi,marconi+")
     ap.add_argument("--limit", default=None)
     ap.add_argument("--out", default=str(ROOT / "docs" / "serving_results.md"))
+    ap.add_argument("--reuse", action="store_true",
+                    help="read a model's JSON from an earlier run where it exists")
     args = ap.parse_args(argv)
     out = Path(args.out)
     img = out.parent / "img"
@@ -50,12 +53,16 @@ def main(argv=None) -> int:
                "--json", "--plot", str(img / f"{tag}.png")]
         if args.limit:
             cmd += ["--limit", args.limit]
+        saved = out.parent / f"{tag}.json"
+        if args.reuse and saved.is_file():
+            results[model] = json.loads(saved.read_text())
+            continue
         print("$", shlex.join(cmd[1:]), flush=True)
         done = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
         if done.returncode:
             print(f"{model}: serve-sim failed ({done.returncode})", file=sys.stderr)
             continue
-        (out.parent / f"{tag}.json").write_text(done.stdout)
+        saved.write_text(done.stdout)
         results[model] = json.loads(done.stdout)
     command = "python scripts/bench_serving.py " + shlex.join(argv)
     text = serving_report.markdown(results, command.strip())

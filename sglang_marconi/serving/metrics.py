@@ -52,6 +52,8 @@ def summarize(sched, spec, cache: str, load, wall_s: float) -> dict:
         "state_slots_by_tree_mean": _weighted_mean([s.state_slots_tree for s in steps], dur),
         "retractions": sched.retractions,
         "bookkeeping_ms_per_step_p99": 1000 * quantile([s.cache_s for s in steps], 0.99),
+        "bookkeeping_ms_per_step_max": 1000 * max((s.cache_s for s in steps), default=0.0),
+        "bookkeeping_s_total": sum(s.cache_s for s in steps),
         "steps": len(steps),
         "makespan_s": sched.now,
         "wall_s": wall_s,
