@@ -92,7 +92,7 @@ def add_marconi_arguments(parser: argparse.ArgumentParser) -> None:
                              "states are not kept")
 
 
-def parse_caches(text: str) -> tuple:
+def _caches(text: str) -> tuple:
     names = tuple(n.strip() for n in text.split(",") if n.strip())
     bad = [n for n in names if n not in CACHE_NAMES]
     if bad or not names:
@@ -101,7 +101,7 @@ def parse_caches(text: str) -> tuple:
     return names
 
 
-def settings_from_args(args):
+def _settings(args):
     from sglang_marconi.sglang_integration.options import (
         MarconiSettings,
         parse_alpha,
@@ -179,8 +179,8 @@ def _run(args) -> int:
     from sglang_marconi.driver.pools import PoolConfig
     from sglang_marconi.sim.traces import read_trace
 
-    caches = parse_caches(args.caches)
-    settings = settings_from_args(args)
+    caches = _caches(args.caches)
+    settings = _settings(args)
     spec = resolve_model(args.model, args.config)
     if not spec.is_hybrid:
         raise UserError(f"model {spec.name} has no SSM layers: Marconi needs a hybrid model")

@@ -8,13 +8,9 @@ import json
 import re
 import sys
 
-from sglang_marconi.cli.ab import (
-    CACHE_NAMES,
-    _positive,
-    add_marconi_arguments,
-    parse_caches,
-    settings_from_args,
-)
+from sglang_marconi.cli.ab import CACHE_NAMES, _positive, add_marconi_arguments
+from sglang_marconi.cli.ab import _caches as parse_caches
+from sglang_marconi.cli.ab import _settings as settings_from_args
 from sglang_marconi.errors import UserError
 from sglang_marconi.serving.gpu_model import PRESETS
 
