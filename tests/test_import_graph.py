@@ -27,9 +27,11 @@ LAYERS = {
     "sglang_integration": {"model", "policy", "driver"},
     "driver": set(),
     "harness": {"model", "policy", "sim", "driver", "sglang_integration"},
-    "reports": {"model", "policy", "sim", "driver", "sglang_integration", "harness"},
+    "serving": {"model", "policy", "sim", "driver", "sglang_integration", "harness"},
+    "reports": {"model", "policy", "sim", "driver", "sglang_integration", "harness",
+                "serving"},
     "cli": {"model", "policy", "sim", "exact", "driver", "sglang_integration", "harness",
-            "reports"},
+            "reports", "serving"},
 }
 FRAMEWORK_FREE = ("model", "policy", "sim")
 

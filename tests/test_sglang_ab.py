@@ -1,9 +1,6 @@
 """The CPU A/B (``sglang-marconi ab``) on the shared Mooncake trace: it runs, both caches
 report, and the numbers are consistent with each other (not that Marconi wins)."""
-import argparse
-import io
 import json
-from contextlib import redirect_stdout
 
 import pytest
 
@@ -17,15 +14,10 @@ KV_TOKENS, SLOTS = 400_000, 24
 
 
 def _run_cli(*argv):
+    from cli_helper import run_cli
     from sglang_marconi.cli import ab as ab_cli
 
-    parser = argparse.ArgumentParser()
-    ab_cli.add_arguments(parser)
-    args = parser.parse_args(list(argv))
-    out = io.StringIO()
-    with redirect_stdout(out):
-        assert ab_cli.run(args) == 0
-    return out.getvalue()
+    return run_cli(ab_cli, *argv)
 
 
 @pytest.fixture(scope="module")

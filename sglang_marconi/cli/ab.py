@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import warnings
 
 from sglang_marconi.errors import UserError
 from sglang_marconi.policy import defaults
@@ -57,6 +56,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="replay only the first N requests")
     parser.add_argument("--caches", default=",".join(DEFAULT_CACHES),
                         help=f"comma-separated subset of {', '.join(CACHE_NAMES)}")
+    add_marconi_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def add_marconi_arguments(parser: argparse.ArgumentParser) -> None:
+    """The Marconi cache's settings (``ab`` and ``serve-sim``)."""
     parser.add_argument("--marconi-alpha", default=defaults.SERVER_ALPHA_MODE,
                         help="number >= 0, auto (bootstrap tuning) or online (shadow "
                              f"caches follow the traffic; default {defaults.SERVER_ALPHA_MODE})")
@@ -86,8 +92,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default=defaults.END_THRESHOLD,
                         help="marconi+ column: end-state reuse rate below which final "
                              "states are not kept")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def _caches(text: str) -> tuple:
@@ -169,19 +173,12 @@ def format_table(results: dict) -> str:
 
 
 def run(args) -> int:
-    with warnings.catch_warnings():
-        # sglang's imports warn about CUDA-only kernels on a CPU machine: not news here
-        warnings.filterwarnings("ignore", category=UserWarning, module=r"sglang\.")
-        return _run(args)
+    from sglang_marconi.cli.common import run_with_sglang
+
+    return run_with_sglang(_run, args)
 
 
 def _run(args) -> int:
-    try:
-        from sglang_marconi.sglang_version import check_sglang_version
-
-        check_sglang_version()
-    except ImportError as exc:
-        raise UserError(str(exc)) from None
     from sglang_marconi.model import resolve_model
     from sglang_marconi.harness.ab import ABConfig, run_ab, to_replay_requests
     from sglang_marconi.driver.pools import PoolConfig

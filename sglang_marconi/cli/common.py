@@ -66,3 +66,19 @@ def parse_params(items) -> dict:
 def print_json(obj) -> None:
     json.dump(obj, sys.stdout, indent=2, default=float)
     sys.stdout.write("\n")
+
+
+def run_with_sglang(fn, args) -> int:
+    """``fn(args)`` after checking the SGLang pin, with the UserWarnings sglang's imports
+    print about CUDA-only kernels on a CPU machine silenced (not news here)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"sglang\.")
+        try:
+            from sglang_marconi.sglang_version import check_sglang_version
+
+            check_sglang_version()
+        except ImportError as exc:
+            raise UserError(str(exc)) from None
+        return fn(args)

@@ -20,6 +20,8 @@ COMMANDS = {
     "gen-trace": ("sglang_marconi.cli.gen_trace", "write a seeded synthetic trace"),
     "ab": ("sglang_marconi.cli.ab", "A/B: stock SGLang cache vs Marconi on CPU"),
     "verify-exact": ("sglang_marconi.cli.verify_exact", "prove resuming from a checkpoint is exact"),
+    "serve-sim": ("sglang_marconi.cli.serve_sim",
+                  "stock vs Marconi under concurrent traffic: SGLang's scheduler, virtual GPU clock"),
 }
 
 

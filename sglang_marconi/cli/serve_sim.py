@@ -1,0 +1,183 @@
+"""``python -m sglang_marconi serve-sim``: stock vs Marconi caches under concurrent traffic
+with arrival times, through SGLang's own scheduler code on CPU, on a virtual GPU clock
+(TTFT, throughput, FLOPs saved). See ``sglang_marconi/serving/README.md``."""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+
+from sglang_marconi.cli.ab import CACHE_NAMES, _positive, add_marconi_arguments
+from sglang_marconi.cli.ab import _caches as parse_caches
+from sglang_marconi.cli.ab import _settings as settings_from_args
+from sglang_marconi.errors import UserError
+from sglang_marconi.serving.gpu_model import PRESETS
+
+COLUMNS = (  # (header, key, format)
+    ("cache", "cache", "{}"), ("load", "load", "{}"),
+    ("TTFT p50", "ttft_p50_s", "{:.3f}"), ("p95", "ttft_p95_s", "{:.3f}"),
+    ("p99", "ttft_p99_s", "{:.3f}"), ("queue p95", "queue_p95_s", "{:.3f}"),
+    ("req/s", "throughput_req_s", "{:.2f}"), ("out tok/s", "output_tok_s", "{:,.0f}"),
+    ("FLOPs saved", "flops_saved_fraction", "{:.1%}"), ("hit", "token_hit_rate", "{:.1%}"),
+    ("busy", "gpu_busy_fraction", "{:.0%}"), ("running", "mean_running", "{:.1f}"),
+    ("slots run", "state_slots_by_running_mean", "{:.0f}"),
+    ("slots tree", "state_slots_by_tree_mean", "{:.0f}"), ("retract", "retractions", "{}"),
+    ("aborted", "aborted", "{}"), ("bk ms p99", "bookkeeping_ms_per_step_p99", "{:.2f}"),
+    ("wall s", "wall_s", "{:.0f}"),
+)
+
+
+def _loads(text: str) -> tuple:
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts or not all(re.fullmatch(r"[0-9]*\.?[0-9]+", p) and float(p) > 0
+                            for p in parts):
+        raise UserError(f"--load: expected positive numbers, comma-separated (0.8 = 80% "
+                        f"of the prefill capacity), got {text!r}")
+    return tuple(float(p) for p in parts)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trace", required=True, help="Mooncake or session JSONL trace")
+    model = parser.add_mutually_exclusive_group(required=True)
+    model.add_argument("--model", metavar="PRESET", help="model preset (cost model)")
+    model.add_argument("--config", metavar="PATH", help="HF config.json (cost model)")
+    g = parser.add_argument_group("GPU time model (uncalibrated; presets: " + "; ".join(
+        f"{p.name} {p.peak_flops / 1e12:g} TFLOP/s {p.hbm_bytes_s / 1e12:g} TB/s"
+        for p in PRESETS.values()) + ")")
+    g.add_argument("--gpu", choices=sorted(PRESETS), default="h200")
+    g.add_argument("--peak-tflops", type=float, help="dense BF16 peak (preset's datasheet)")
+    g.add_argument("--hbm-tbs", type=float, help="HBM bandwidth, TB/s (preset's datasheet)")
+    g.add_argument("--mfu", type=float, help="fraction of peak a prefill reaches (0.45)")
+    g.add_argument("--hbm-efficiency", type=float,
+                   help="fraction of bandwidth a decode step reaches (0.7)")
+    g.add_argument("--step-overhead-ms", type=float, help="fixed cost per step (2 ms)")
+    p = parser.add_argument_group("pools and scheduler (SGLang's flags)")
+    p.add_argument("--cache-gb", type=float, default=100.0,
+                   help="GPU memory left for KV + states (SGLang's rest memory)")
+    p.add_argument("--memory", choices=("static", "unified"), default="static")
+    p.add_argument("--mamba-full-memory-ratio", type=float, default=0.9)
+    p.add_argument("--max-running-requests", type=_positive, default=None)
+    p.add_argument("--page-size", type=_positive, default=64)
+    p.add_argument("--chunked-prefill-size", type=_positive, default=8192)
+    p.add_argument("--max-prefill-tokens", type=_positive, default=16384)
+    p.add_argument("--mamba-track-interval", type=_positive, default=256)
+    p.add_argument("--schedule-policy", choices=("lpm", "fcfs", "dfs-weight", "lof", "random"),
+                   default="lpm")
+    a = parser.add_argument_group("arrivals")
+    a.add_argument("--load", default="0.8", help="offered loads, e.g. 0.5,0.8,0.95")
+    a.add_argument("--rate-scale", type=float, default=None,
+                   help="instead of --load: multiply the trace's timestamps by this")
+    a.add_argument("--clients", type=_positive, default=None,
+                   help="closed loop: at most N requests in the server")
+    a.add_argument("--seed", type=int, default=0, help="Poisson arrivals (no timestamps)")
+    parser.add_argument("--caches", default="stock,marconi,marconi+",
+                        help=f"comma-separated subset of {', '.join(CACHE_NAMES)}")
+    parser.add_argument("--limit", type=_positive, default=None,
+                        help="only the first N requests")
+    parser.add_argument("--bookkeeping", choices=("measured", "off"), default="measured",
+                        help="add the cache's measured CPU time to the clock (off: "
+                             "deterministic)")
+    add_marconi_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--plot", metavar="PNG", help="TTFT CDFs and P95 TTFT vs load")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def format_table(runs: list) -> str:
+    rows = [[h for h, _, _ in COLUMNS]]
+    for r in runs:
+        rows.append([fmt.format(r.get(key)) if r.get(key) is not None else "-"
+                     for _, key, fmt in COLUMNS])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows)
+
+
+def build_setup(args):
+    """(requests, ServeSetup, PoolSizes) from the parsed arguments (UserError on bad input)."""
+    from sglang_marconi.driver.sizing import size_pools
+    from sglang_marconi.harness.ab import to_replay_requests
+    from sglang_marconi.model import resolve_model
+    from sglang_marconi.serving.gpu_model import GpuTimeModel, preset
+    from sglang_marconi.serving.run import ServeSetup, pool_config
+    from sglang_marconi.serving.scheduler import SchedulerConfig
+    from sglang_marconi.sim.traces import read_trace
+
+    if args.memory == "unified":
+        raise UserError("--memory unified: this tree's driver/pools.py cannot build SGLang's "
+                        "unified memory pool yet (the unified-memory issue has not landed); "
+                        "use --memory static")
+    if args.mamba_track_interval % args.page_size or args.chunked_prefill_size % args.page_size:
+        raise UserError("--mamba-track-interval and --chunked-prefill-size must be multiples "
+                        f"of --page-size {args.page_size}")
+    for name in ("mfu", "hbm_efficiency"):
+        v = getattr(args, name)
+        if v is not None and not 0 < v <= 1:
+            raise UserError(f"--{name.replace('_', '-')}: expected a fraction in (0, 1], got {v}")
+    spec = resolve_model(args.model, args.config)
+    if not spec.is_hybrid:
+        raise UserError(f"model {spec.name} has no SSM layers: Marconi needs a hybrid model")
+    trace = read_trace(args.trace).head(args.limit)
+    if not len(trace):
+        raise UserError(f"{args.trace}: no requests")
+    requests = to_replay_requests(trace)
+    sizes = size_pools(spec, args.cache_gb, args.memory,
+                       mamba_full_memory_ratio=args.mamba_full_memory_ratio,
+                       page_size=args.page_size, max_running_requests=args.max_running_requests,
+                       overlap=False)
+    gpu = preset(args.gpu,
+                 peak_flops=args.peak_tflops and args.peak_tflops * 1e12,
+                 hbm_bytes_s=args.hbm_tbs and args.hbm_tbs * 1e12, mfu=args.mfu,
+                 hbm_efficiency=args.hbm_efficiency,
+                 step_overhead_s=None if args.step_overhead_ms is None
+                 else args.step_overhead_ms / 1e3)
+    longest = max(len(r.input_ids) + max(1, r.output_len) for r in requests)
+    pools = pool_config(sizes, longest + 2 * args.page_size, args.chunked_prefill_size,
+                        args.mamba_track_interval)
+    sched = SchedulerConfig(max_running_requests=sizes.max_running_requests,
+                            chunked_prefill_size=args.chunked_prefill_size,
+                            max_prefill_tokens=args.max_prefill_tokens,
+                            schedule_policy=args.schedule_policy,
+                            measure_bookkeeping=args.bookkeeping == "measured",
+                            clients=args.clients)
+    setup = ServeSetup(spec=spec, time_model=GpuTimeModel(spec, gpu), pools=pools,
+                       sched=sched, settings=settings_from_args(args),
+                       timestamps=[r.timestamp for r in trace.requests], seed=args.seed)
+    return requests, setup, sizes
+
+
+def run(args) -> int:
+    from sglang_marconi.cli.common import run_with_sglang
+
+    return run_with_sglang(_run, args)
+
+
+def _run(args) -> int:
+    import logging
+
+    logging.getLogger("sglang").setLevel(logging.ERROR)  # retraction warnings: counted
+    from sglang_marconi.serving.run import run_grid
+
+    caches = parse_caches(args.caches)
+    if args.rate_scale is not None and not args.rate_scale >= 0:
+        raise UserError(f"--rate-scale: expected a number >= 0, got {args.rate_scale}")
+    loads = _loads(args.load)
+    requests, setup, sizes = build_setup(args)
+    result = run_grid(requests, setup, caches, loads, args.rate_scale,
+                      show_progress=not args.no_progress)
+    config = {"trace": str(args.trace), "model": setup.spec.name, "requests": len(requests),
+              "gpu": setup.time_model.gpu.as_dict(), "pools": sizes.as_dict(),
+              "schedule_policy": args.schedule_policy, "bookkeeping": args.bookkeeping,
+              "clients": args.clients}
+    if args.plot:
+        from sglang_marconi.serving.plots import plot_serving
+
+        plot_serving(result, args.plot, f"{setup.spec.name} on {args.gpu}, {sizes.describe()}")
+    if args.json:
+        json.dump({"runs": result["runs"], "config": config}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(f"serve-sim {args.trace}: {len(requests)} requests, model {setup.spec.name}; "
+              f"{sizes.describe()}; {setup.time_model.describe()}")
+        print(format_table(result["runs"]))
+    return 0

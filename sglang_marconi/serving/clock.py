@@ -1,0 +1,45 @@
+"""The cache's own CPU time, measured per scheduler step for the virtual clock.
+
+``CacheTimer`` wraps the tree cache instance's entry points (the calls SGLang's scheduler
+and allocation helpers make into it) with ``time.perf_counter``; nested calls are counted
+once. ``take()`` returns the seconds spent inside the cache since the previous ``take()``.
+With ``enabled=False`` nothing is wrapped and ``take()`` is always 0: the replay is then
+fully deterministic (the tests run so); with it on, the virtual clock includes this
+machine's measured bookkeeping time, so TTFTs vary slightly from run to run.
+"""
+from __future__ import annotations
+
+import functools
+import time
+
+ENTRY_POINTS = ("match_prefix", "checkpoint", "evict", "insert", "inc_lock_ref",
+                "dec_lock_ref", "lock", "unlock", "free_kv_row", "on_release")
+
+
+class CacheTimer:
+    def __init__(self, cache, enabled: bool = True):
+        self.enabled = enabled
+        self._depth = 0
+        self._seconds = 0.0
+        if enabled:
+            for name in ENTRY_POINTS:
+                if hasattr(cache, name):
+                    setattr(cache, name, self._wrap(getattr(cache, name)))
+
+    def _wrap(self, fn):
+        @functools.wraps(fn)
+        def timed(*args, **kwargs):
+            outer = not self._depth
+            self._depth += 1
+            t0 = time.perf_counter() if outer else 0.0
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._depth -= 1
+                if outer:
+                    self._seconds += time.perf_counter() - t0
+        return timed
+
+    def take(self) -> float:
+        s, self._seconds = self._seconds, 0.0
+        return s

@@ -1,0 +1,84 @@
+"""Serving runs: one (cache, load) pair on fresh pools, and the grid of them.
+
+Pools come from ``driver.sizing.size_pools`` (SGLang's rules for a ``--cache-gb`` budget);
+each cache is built by ``harness.ab.make_cache`` (the A/B's caches: same classes, same
+settings), so a serving run and an ``ab`` column differ only in the scheduler around them.
+"""
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from sglang_marconi.driver.pools import PoolConfig
+from sglang_marconi.harness.ab import ABConfig, make_cache
+from sglang_marconi.serving.arrivals import arrivals_for_load, arrivals_scaled
+from sglang_marconi.serving.metrics import summarize, ttfts
+from sglang_marconi.serving.scheduler import SchedulerConfig, ServingScheduler
+
+
+@dataclass
+class ServeSetup:
+    spec: object                      # HybridModelSpec
+    time_model: object                # gpu_model.GpuTimeModel
+    pools: PoolConfig
+    sched: SchedulerConfig
+    settings: object = None           # MarconiSettings (None: defaults)
+    timestamps: list = field(default_factory=list)  # the trace's arrival seconds
+    seed: int = 0
+
+
+def pool_config(sizes, max_context_len: int, chunked_prefill_size: int = 8192,
+                mamba_track_interval: int = 256) -> PoolConfig:
+    """The CPU pools for SGLang's ``PoolSizes`` (static mode)."""
+    return PoolConfig(kv_tokens=sizes.kv_tokens, mamba_slots=sizes.mamba_slots,
+                      page_size=sizes.page_size, max_context_len=max_context_len,
+                      max_running_requests=sizes.max_running_requests,
+                      chunked_prefill_size=chunked_prefill_size,
+                      mamba_track_interval=mamba_track_interval)
+
+
+def arrivals(setup: ServeSetup, requests, load: Optional[float], rate_scale: Optional[float]):
+    if rate_scale is not None:
+        return arrivals_scaled(setup.timestamps, rate_scale)
+    return arrivals_for_load(setup.timestamps, requests, setup.time_model, load, setup.seed)
+
+
+def run_serving(name: str, requests, setup: ServeSetup, load=None, rate_scale=None,
+                progress: Optional[Callable] = None, after_step=None):
+    """One run; returns (summary dict, the scheduler with its records)."""
+    cache, _, _ = make_cache(name, ABConfig(pools=setup.pools, spec=setup.spec,
+                                            settings=setup.settings))
+    times = arrivals(setup, requests, load, rate_scale)
+    sched = ServingScheduler(cache, setup.time_model, setup.sched, requests, times,
+                             after_step=after_step)
+    t0 = time.perf_counter()
+    sched.run(progress)
+    summary = summarize(sched, setup.spec, name,
+                        load if rate_scale is None else None, time.perf_counter() - t0)
+    if rate_scale is not None:
+        summary["rate_scale"] = rate_scale
+    return summary, sched
+
+
+def run_grid(requests, setup: ServeSetup, caches, loads, rate_scale=None,
+             show_progress: bool = True) -> dict:
+    """Every cache at every load (or at ``rate_scale``): ``{"runs": [...], "ttft": {...}}``
+    (``ttft``: sorted per-request TTFTs by "cache@load", for the plots)."""
+    from tqdm import tqdm
+
+    runs, curves = [], {}
+    points = [(None, rate_scale)] if rate_scale is not None else [(x, None) for x in loads]
+    for load, scale in points:
+        for name in caches:
+            label = f"{name}@{load if scale is None else f'x{scale:g}'}"
+            with tqdm(total=len(requests), desc=f"{label:>16}", unit="req",
+                      disable=not show_progress, leave=False) as bar:
+                summary, sched = run_serving(name, requests, setup, load, scale,
+                                             progress=bar.update)
+            runs.append(summary)
+            curves[label] = ttfts(sched)
+            del sched
+            gc.collect()
+    return {"runs": runs, "ttft": curves}

@@ -1,0 +1,374 @@
+"""SGLang 0.5.23's scheduler loop on CPU, with a virtual clock instead of a forward pass.
+
+``ServingScheduler.step`` is ``Scheduler.event_loop_normal`` (scheduler.py:2026-2060, the
+non-overlap loop): ingest arrived requests, ``get_next_batch_to_run``, run the batch,
+``process_batch_result``. Only this outer loop is written here, in SGLang's order and
+with the line numbers of the installed 0.5.23 cited at each part; every decision inside
+it is SGLang's own code, called on the real cache and pools of ``driver.pools``:
+
+- ``SchedulePolicy.calc_priority`` (queue order: fcfs, or lpm for a radix cache);
+- ``PrefillAdder`` (admission: chunked prefill, the token budget with
+  ``new_token_ratio``, Mamba-slot budgets, ``max_running_requests``, ``max_prefill_tokens``;
+  ``add_chunked_req``, ``add_one_req``);
+- ``ScheduleBatch.init_new`` / ``prepare_for_extend`` / ``filter_batch`` /
+  ``merge_batch`` / ``check_decode_mem`` / ``retract_decode`` / ``prepare_for_decode``;
+- ``NewTokenRatioTracker``; ``checkpoint_kv_cache`` / ``release_kv_cache``.
+
+What cannot run on CPU, and its replacement:
+- the forward pass (``run_batch``): the GPU time model (``gpu_model``) advances the clock,
+  and each request's next output token is the trace's (``ReplayRequest.output_ids``);
+- ``prepare_for_decode`` ends with ``track_mask_cpu.pin_memory()`` (schedule_batch.py:3830),
+  which needs a CUDA driver: ``Tensor.pin_memory`` is an identity during that call;
+- ``process_batch_result_{prefill,decode}`` (scheduler_components/batch_result_processor.py)
+  are methods of the scheduler object (streaming, logprobs, metrics, grammar): the few
+  lines that touch the cache are followed here (cited in ``_process_batch_result``); the
+  decode-track ping-pong is ``driver.replay.Replayer._track_decode_state``.
+Disabled features (SGLang's defaults here): overlap schedule, mixed chunk, priority
+scheduling, LoRA, HiCache, speculative decoding, DP attention, PD disaggregation.
+"""
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass
+from typing import List, Optional
+from unittest import mock
+
+import torch
+
+from sglang_marconi.driver.replay import Replayer, _output_token
+from sglang_marconi.serving.clock import CacheTimer
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_running_requests: int
+    chunked_prefill_size: int = 8192
+    max_prefill_tokens: int = 16384          # SGLang's --max-prefill-tokens default
+    schedule_policy: str = "lpm"             # --schedule-policy (SGLang's default: fcfs)
+    checkpoint_after_prefill: bool = True    # process_batch_result_prefill does; the serial replay does not
+    measure_bookkeeping: bool = True         # add the cache's measured CPU time to the clock
+    mamba_chunk_size: int = 64
+    # closed loop: at most this many requests in the server (a request is released when
+    # one finishes; its arrival is then). 1 with all arrivals at 0 is the serial replay.
+    clients: Optional[int] = None
+
+
+@dataclass
+class RequestRecord:
+    rid: str
+    arrival: float
+    input_len: int
+    output_len: int
+    hit_len: Optional[int] = None     # prefix matched at first admission
+    admitted: Optional[float] = None  # start of its first prefill step
+    first_token: Optional[float] = None
+    finished: Optional[float] = None
+    aborted: bool = False
+    abort_reason: str = ""
+    retractions: int = 0
+
+
+@dataclass
+class StepRecord:
+    kind: str              # "extend" | "decode" | "idle"
+    start: float
+    gpu_s: float
+    cache_s: float
+    batch: int             # requests in the batch run
+    resident: int          # requests holding a request row (running + chunked)
+    state_slots_used: int  # Mamba pool slots in use after the step
+    state_slots_tree: int  # of which the tree holds
+
+
+class ServingScheduler:
+    def __init__(self, cache, time_model, cfg: SchedulerConfig, requests, arrivals,
+                 after_step=None):
+        from sglang.srt.managers.schedule_batch import ScheduleBatch
+        from sglang.srt.managers.schedule_policy import SchedulePolicy
+        from sglang.srt.managers.scheduler_components.new_token_ratio_tracker import (
+            NewTokenRatioTracker,
+        )
+
+        self.cache, self.tm, self.cfg = cache, time_model, cfg
+        self.allocator = cache.token_to_kv_pool_allocator
+        self.rtp = cache.req_to_token_pool
+        self.mamba_allocator = self.rtp.mamba_allocator
+        self.replayer = Replayer(cache, cfg.chunked_prefill_size, cfg.mamba_chunk_size)
+        self.policy = SchedulePolicy(cfg.schedule_policy, cache, False, False, False)
+        self.ratio = NewTokenRatioTracker.from_config()
+        self.model_config = types.SimpleNamespace(
+            is_encoder_decoder=False, vocab_size=1 << 62,
+            hf_text_config=types.SimpleNamespace(mamba_chunk_size=cfg.mamba_chunk_size))
+        self.timer = CacheTimer(cache, cfg.measure_bookkeeping)
+        self.after_step = after_step
+        order = sorted(range(len(requests)), key=lambda i: (arrivals[i], i))
+        self.pending = [(arrivals[i], requests[i]) for i in reversed(order)]  # a stack
+        self.records: dict = {}
+        self.outputs: dict = {}
+        self.waiting: List = []
+        self.running = ScheduleBatch(reqs=[], batch_is_full=False)
+        self.chunked_req = None
+        self.last_batch = None
+        self.now = 0.0
+        self.steps: List[StepRecord] = []
+        self.retractions = 0
+        self.ingested = self.completed = 0  # requests arrived / finished or aborted
+
+    # -- event_loop_normal (scheduler.py:2026-2060) --------------------------------------
+    def done(self) -> bool:
+        return not (self.pending or self.waiting or self.chunked_req is not None
+                    or not self.running.is_empty()
+                    or (self.last_batch is not None and not self.last_batch.is_empty()))
+
+    def step(self) -> None:
+        self._ingest()                                       # ingest_requests
+        if self._idle() and self.pending and not self.in_flight:
+            self.now = max(self.now, self.pending[-1][0])    # nothing to run: next arrival
+            self._ingest()
+        start = self.now
+        batch = self._get_next_batch_to_run()
+        sched_s = self.timer.take()
+        self.now += sched_s
+        gpu_s = self._run_batch(batch) if batch is not None else 0.0
+        self.now += gpu_s
+        if batch is not None:
+            self._process_batch_result(batch)
+        elif self.waiting and self._idle(ignore_waiting=True):
+            self._abort(self.waiting.pop(0), "does not fit the pools")
+        proc_s = self.timer.take()
+        self.now += proc_s
+        self.last_batch = batch
+        tree = self.cache.mamba_evictable_size() + self.cache.mamba_protected_size()
+        used = self.mamba_allocator.size - self.mamba_allocator.available_size()
+        kind = "idle" if batch is None else ("decode" if batch.forward_mode.is_decode()
+                                             else "extend")
+        self.steps.append(StepRecord(kind, start, gpu_s, sched_s + proc_s,
+                                     0 if batch is None else batch.batch_size(),
+                                     self.rtp.size - self.rtp.available_size(), used, tree))
+        if self.after_step is not None:
+            self.after_step(self)
+
+    @property
+    def in_flight(self) -> int:
+        return self.ingested - self.completed
+
+    def run(self, progress=None) -> None:
+        reported = 0
+        while not self.done():
+            self.step()
+            if progress is not None and self.completed != reported:
+                progress(self.completed - reported)
+                reported = self.completed
+
+    def _idle(self, ignore_waiting: bool = False) -> bool:
+        return ((ignore_waiting or not self.waiting) and self.chunked_req is None
+                and self.running.is_empty()
+                and (self.last_batch is None or self.last_batch.is_empty()))
+
+    def _ingest(self) -> None:
+        from sglang.srt.managers.schedule_batch import Req
+        from sglang.srt.sampling.sampling_params import SamplingParams
+
+        while self.pending and self.pending[-1][0] <= self.now:
+            if self.cfg.clients is not None and self.in_flight >= self.cfg.clients:
+                break
+            arrival, rr = self.pending.pop()
+            arrival = max(arrival, self.now) if self.cfg.clients is not None else arrival
+            self.ingested += 1
+            out = list(rr.output_ids) or [_output_token(rr.rid, 0)]
+            rec = RequestRecord(rr.rid, arrival, len(rr.input_ids), len(out))
+            self.records[rr.rid] = rec
+            self.outputs[rr.rid] = out
+            params = SamplingParams(temperature=0, max_new_tokens=len(out))
+            params.normalize(None)                           # the tokenizer manager's step
+            req = Req(rid=rr.rid, origin_input_text="", origin_input_ids=rr.input_ids,
+                      sampling_params=params)
+            if rec.input_len + rec.output_len > self.allocator.size - 2 * self.allocator.page_size:
+                rec.aborted, rec.abort_reason = True, "longer than the KV pool"  # tokenizer check
+                self.completed += 1
+                continue
+            self.waiting.append(req)                         # _add_request_to_queue
+
+    def _abort(self, req, why: str) -> None:
+        rec = self.records[req.rid]
+        rec.aborted, rec.abort_reason = True, why
+        self.completed += 1
+
+    # -- get_next_batch_to_run (scheduler.py:3894-4012) ----------------------------------
+    def _get_next_batch_to_run(self):
+        exclude = []
+        if self.chunked_req is not None:                     # 3911-3919
+            exclude.append(self.chunked_req)
+            if self.chunked_req.extend_end > self.chunked_req.prefix_len:
+                self._stash_chunked_request(self.chunked_req)
+        last, running = self.last_batch, self.running
+        if last is not None and last.forward_mode.is_extend():  # 3933-3956
+            last_bs = last.batch_size()
+            last.filter_batch(reqs_to_exclude=exclude)
+            if last.batch_size() < last_bs:
+                running.batch_is_full = False
+            if not last.is_empty() and last is not running:
+                if running.is_empty():
+                    running = last
+                else:
+                    running.merge_batch(last)
+        running_bs = running.batch_size()                    # 3960-3963
+        running.filter_batch()
+        if running.batch_size() < running_bs:
+            running.batch_is_full = False
+        self.running = running
+        new_batch = self._get_new_batch_prefill()            # 3967-3972
+        if new_batch is not None:                            # 3986-3999
+            return new_batch
+        if not self.running.is_empty():
+            batch = self._update_running_batch(self.running)
+            return batch if batch is not None and not batch.is_empty() else None
+        return None
+
+    def _stash_chunked_request(self, req) -> None:           # scheduler.py:3772-3776
+        from sglang.srt.mem_cache.common import checkpoint_kv_cache
+
+        checkpoint_kv_cache(req, self.cache)
+
+    def _num_allocatable_reqs(self, running_bs: int, num_held_rows: int = 0) -> int:
+        # get_num_allocatable_reqs (4024-4050); pp_max_micro_batch_size defaults to
+        # max_running_requests (1237-1243); no beams
+        return min(self.cfg.max_running_requests - running_bs,
+                   max(self.rtp.available_size() + num_held_rows, 0))
+
+    # -- _get_new_batch_prefill_raw (scheduler.py:4079-4320) -----------------------------
+    def _get_new_batch_prefill(self):
+        from sglang.srt.managers.schedule_batch import ScheduleBatch
+        from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        running = self.running
+        if running.is_empty():                               # 4093-4096
+            running.batch_is_full = False
+        if (running.batch_is_full or not self.waiting) and self.chunked_req is None:
+            return None                                      # 4098-4101
+        running_bs = len(running.reqs)
+        if self._num_allocatable_reqs(running_bs) <= 0 and self.chunked_req is None:
+            running.batch_is_full = True                     # 4122-4130
+            return None
+        self.policy.calc_priority(self.waiting, running)     # 4133-4137
+        adder = PrefillAdder(                                # 4161-4178
+            self.cache.page_size, self.cache, self.allocator, running,
+            self.ratio.current, self.cfg.max_prefill_tokens, self.cfg.chunked_prefill_size,
+            0, 0, max_prefill_bs=0, max_running_requests=self.cfg.max_running_requests,
+            prefill_max_requests=None, waiting_queue_len=len(self.waiting),
+            prefill_tile_block_m=64)
+        if self.chunked_req is not None:                     # 4180-4188
+            self.chunked_req.init_next_round_input()
+            adder.chunked_req_limit = self.policy.shortest_prefill_chunk_limit(
+                self.chunked_req, self.waiting, adder.rem_chunk_tokens or 0,
+                self.cache.page_size)
+            self.chunked_req = adder.add_chunked_req(self.chunked_req)
+        self.mamba_allocator.alloc_group_begin(len(self.waiting))  # 4203-4205
+        for req in self.waiting:                             # 4208-4303
+            if adder.budget_state() == AddReqResult.OTHER:
+                break
+            held = sum(r.kv.holds_kv for r in adder.can_run_list)
+            if len(adder.can_run_list) >= self._num_allocatable_reqs(len(running.reqs), held):
+                running.batch_is_full = True
+            if running.batch_is_full:
+                break
+            req.init_next_round_input(self.cache)
+            res = adder.add_one_req(req, has_chunked_req=self.chunked_req is not None,
+                                    truncation_align_size=None)
+            if res != AddReqResult.CONTINUE:
+                if res == AddReqResult.NO_TOKEN:
+                    running.batch_is_full = (len(adder.can_run_list) > 0
+                                             or not running.is_empty())
+                added = bool(adder.can_run_list) and req is adder.can_run_list[-1]
+                if not added:
+                    req.kv.mamba_cow_src_index = None
+                    req.kv.mamba_needs_clear = False
+                    if req.kv.holds_mamba:
+                        self.mamba_allocator.free(req.kv.mamba_pool_idx.unsqueeze(-1))
+                        req.kv.mamba_pool_idx = None
+                break
+        self.mamba_allocator.alloc_group_end()
+        can_run = adder.can_run_list                         # 4309-4331
+        if not can_run:
+            return None
+        chosen = set(map(id, can_run))
+        self.waiting = [r for r in self.waiting if id(r) not in chosen]
+        if adder.new_chunked_req is not None:
+            assert self.chunked_req is None
+            self.chunked_req = adder.new_chunked_req
+        if self.chunked_req is not None:
+            self.chunked_req.inflight_middle_chunks += 1
+        for req in can_run:
+            rec = self.records[req.rid]
+            if rec.admitted is None:
+                rec.admitted, rec.hit_len = self.now, req.prefix_len
+        batch = ScheduleBatch.init_new(                      # 4335-4350
+            can_run, self.rtp, self.allocator, self.cache, self.model_config, False,
+            SpeculativeAlgorithm.NONE, chunked_req=self.chunked_req)
+        batch.contains_last_prefill_chunk = self.chunked_req is None or len(can_run) != 1
+        batch.prepare_for_extend()
+        batch.decoding_reqs = None                           # no mixed chunk (4411)
+        return batch
+
+    # -- update_running_batch (scheduler.py:4459-4555) -----------------------------------
+    def _update_running_batch(self, batch):
+        initial_bs = batch.batch_size()
+        if batch.is_empty():
+            batch.batch_is_full = False
+            return batch
+        if not batch.check_decode_mem():
+            retracted, new_ratio, to_abort = batch.retract_decode()
+            self.ratio.current = new_ratio
+            for req in to_abort:
+                self._abort(req, "retracted beyond recovery")
+            for req in retracted:
+                self.records[req.rid].retractions += 1
+                self.retractions += 1
+                self.waiting.append(req)
+        else:
+            self.ratio.decay_step()
+        if batch.batch_size() < initial_bs:
+            batch.batch_is_full = False
+        if batch.is_empty():
+            return batch
+        with mock.patch.object(torch.Tensor, "pin_memory", lambda t, *a, **k: t):
+            batch.prepare_for_decode()
+        return batch
+
+    # -- run_batch: the GPU time model ---------------------------------------------------
+    def _run_batch(self, batch) -> float:
+        if batch.forward_mode.is_decode():
+            return self.tm.decode_seconds(int(batch.seq_lens_cpu.sum()), batch.batch_size())
+        return self.tm.prefill_seconds(sum(self.tm.extend_flops(r.prefix_len, r.extend_end)
+                                           for r in batch.reqs))
+
+    # -- process_batch_result (scheduler.py:5074-5100) -----------------------------------
+    def _process_batch_result(self, batch) -> None:
+        from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
+
+        decode = batch.forward_mode.is_decode()
+        for req in batch.reqs:
+            if decode:
+                # process_batch_result_decode: the ping-pong track update (1389-1405,
+                # 1561-1577) happens for the step's boundary before the release
+                self.replayer._track_decode_state(req)
+            elif req.inflight_middle_chunks > 0:
+                # process_batch_result_prefill, chunked branch (~425-445)
+                req.inflight_middle_chunks -= 1
+                continue
+            elif req.finished() or req.is_retracted:
+                continue
+            rec = self.records[req.rid]
+            req.output_ids.append(int(self.outputs[req.rid][len(req.output_ids)]))
+            req.update_finish_state()
+            if rec.first_token is None:
+                rec.first_token = self.now
+            if req.finished():                               # prefill ~376-383, decode
+                release_kv_cache(req, self.cache, checkpoint=True)
+                rec.finished = self.now
+                self.completed += 1
+            elif not decode and self.cfg.checkpoint_after_prefill:
+                checkpoint_kv_cache(req, self.cache)         # prefill ~384-386
+            elif not decode:
+                req.prefix_len = req.extend_end              # the serial replay's order

@@ -1,0 +1,173 @@
+"""The serving replay (``serve-sim``): with one client and zero arrival gaps it is the serial
+A/B, hit for hit and FLOP for FLOP, for every cache; under concurrency every request
+finishes or is reported aborted, SGLang's cache invariants hold after every step (retractions
+included) and every slot returns to its pool; the time model, the load scaling and the CLI's
+errors."""
+import dataclasses
+import json
+
+import pytest
+
+pytest.importorskip("sglang")
+
+from sglang_marconi.errors import UserError  # noqa: E402
+from sglang_marconi.model import preset_spec  # noqa: E402
+
+OUT_CAP = 12  # output tokens per request in the fast tests (decode steps dominate the time)
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return preset_spec("qwen3_next")
+
+
+@pytest.fixture(scope="module")
+def requests(mooncake_path):
+    from sglang_marconi.harness.ab import to_replay_requests
+    from sglang_marconi.sim.traces import read_trace
+
+    reqs = to_replay_requests(read_trace(mooncake_path), 160)
+    return [dataclasses.replace(r, output_ids=r.output_ids[:OUT_CAP]) for r in reqs]
+
+
+def _setup(spec, requests, *, kv, slots, running, clients=None, gpu="h200", policy="fcfs"):
+    from sglang_marconi.driver.pools import PoolConfig
+    from sglang_marconi.serving.gpu_model import GpuTimeModel, preset
+    from sglang_marconi.serving.run import ServeSetup
+    from sglang_marconi.serving.scheduler import SchedulerConfig
+
+    longest = max(len(r.input_ids) + max(1, r.output_len) for r in requests)
+    pools = PoolConfig(kv_tokens=kv, mamba_slots=slots, max_context_len=longest + 128,
+                       max_running_requests=running)
+    sched = SchedulerConfig(max_running_requests=running, schedule_policy=policy,
+                            measure_bookkeeping=False, clients=clients)
+    return ServeSetup(spec=spec, time_model=GpuTimeModel(spec, preset(gpu)), pools=pools,
+                      sched=sched, timestamps=[0.0] * len(requests))
+
+
+@pytest.mark.parametrize("cache", ["stock", "stock-python", "marconi", "marconi+"])
+def test_one_client_zero_gaps_is_the_serial_ab(spec, requests, cache):
+    from sglang_marconi.harness.ab import ABConfig, run_one
+    from sglang_marconi.serving.run import run_serving
+
+    setup = _setup(spec, requests, kv=400_000, slots=24, running=4, clients=1)
+    ab = run_one(cache, requests, ABConfig(pools=setup.pools, spec=spec))
+    served, sched = run_serving(cache, requests, setup, rate_scale=0.0)
+    assert ab["hit_tokens"] > 0 and ab["states_evicted"] > 0  # the pools are under pressure
+    assert served["hit_tokens"] == ab["hit_tokens"]
+    assert served["flops_saved"] == ab["flops_saved"]
+    assert served["finished"] == len(requests) and served["retractions"] == 0
+    assert max(s.resident for s in sched.steps) == 1
+
+
+@pytest.mark.parametrize("cache", ["stock-python", "marconi+"])
+def test_concurrent_run_conserves_requests_and_slots(spec, requests, cache):
+    from sglang_marconi.harness.invariants import check_idle, check_sizes
+    from sglang_marconi.serving.run import run_serving
+
+    from array import array
+
+    from sglang_marconi.driver.replay import ReplayRequest
+
+    # short prompts sharing prefixes, long outputs: admission (new_token_ratio) lets in more
+    # than the KV pool can decode, so SGLang's retract_decode runs
+    reqs = [ReplayRequest(f"r{i}", array("q", [7] * (64 * (i % 4)) + [1000 + i] * 200),
+                          list(range(1 << 40, (1 << 40) + 300 + 37 * (i % 7))))
+            for i in range(48)]
+    setup = _setup(spec, reqs, kv=4_096, slots=40, running=8)
+    checked = []
+
+    def after_step(sched):
+        check_sizes(sched.cache)
+        checked.append(1)
+
+    served, sched = run_serving(cache, reqs, setup, rate_scale=0.0, after_step=after_step)
+    assert len(checked) == len(sched.steps) > 0
+    assert served["finished"] + served["aborted"] == len(reqs)
+    assert all((r.finished is not None) != r.aborted for r in sched.records.values())
+    assert served["retractions"] > 0          # decode ran out of KV: SGLang's retract_decode
+    assert max(s.resident for s in sched.steps) > 1
+    check_idle(sched.cache)                   # every KV and state slot is free or the tree's
+
+
+def test_deterministic_without_measured_bookkeeping(spec, requests):
+    from sglang_marconi.serving.metrics import ttfts
+    from sglang_marconi.serving.run import run_serving
+
+    setup = _setup(spec, requests[:60], kv=400_000, slots=60, running=8, policy="lpm")
+    setup.timestamps = [i * 0.05 for i in range(60)]
+    a = run_serving("marconi", requests[:60], setup, load=0.9)[1]
+    b = run_serving("marconi", requests[:60], setup, load=0.9)[1]
+    assert ttfts(a) == ttfts(b) and a.now == b.now
+
+
+def test_time_model_and_load_scaling(spec, requests):
+    from sglang_marconi.serving.arrivals import arrivals_for_load, offered_seconds
+    from sglang_marconi.serving.gpu_model import GpuTimeModel, preset
+
+    tm = GpuTimeModel(spec, preset("h200", mfu=0.5, step_overhead_s=0.0))
+    assert tm.prefill_seconds(989e12 * 0.5) == pytest.approx(1.0)
+    assert tm.extend_flops(0, 1000) == pytest.approx(spec.prefill_flops(1000))
+    # attention over a cached context makes a chunk dearer than the same chunk from zero
+    assert tm.extend_flops(8000, 9000) > tm.extend_flops(0, 1000)
+    small, big = tm.decode_seconds(1000, 1), tm.decode_seconds(1_000_000, 1)
+    assert big > small > tm.weight_bytes / tm.decode_bytes_s * 0.99
+    assert preset("b200").peak_flops > preset("h100").peak_flops == preset("h200").peak_flops
+    ts = [i * 1.0 for i in range(50)]
+    times = arrivals_for_load(ts, requests[:50], tm, 0.5)
+    assert offered_seconds(requests[:50], tm) / (times[-1] - times[0]) == pytest.approx(0.5)
+    poisson = arrivals_for_load([0.0] * 50, requests[:50], tm, 0.5, seed=1)
+    assert poisson == sorted(poisson) and poisson[-1] > 0
+
+
+def _cli(*argv):
+    from cli_helper import run_cli
+    from sglang_marconi.cli import serve_sim
+
+    return run_cli(serve_sim, *argv)
+
+
+def test_cli_json_plot_and_bad_input(mooncake_path, tmp_path):
+    trace = str(mooncake_path)
+    base = ("--trace", trace, "--model", "paper-7b", "--limit", "12", "--no-progress",
+            "--bookkeeping", "off")
+    png = tmp_path / "ttft.png"
+    out = json.loads(_cli(*base, "--load", "0.5,0.9", "--caches", "stock,marconi+",
+                          "--json", "--plot", str(png)))
+    keys = {"cache", "load", "ttft_p50_s", "ttft_p95_s", "ttft_p99_s", "queue_p95_s",
+            "throughput_req_s", "output_tok_s", "flops_saved_fraction", "token_hit_rate",
+            "gpu_busy_fraction", "max_running_requests", "mean_running",
+            "state_slots_by_running_mean", "state_slots_by_tree_mean", "retractions",
+            "bookkeeping_ms_per_step_p99", "wall_s"}
+    assert len(out["runs"]) == 4 and all(keys <= set(r) for r in out["runs"])
+    assert all(r["finished"] == 12 for r in out["runs"]) and png.stat().st_size > 0
+    assert "TTFT p50" in _cli(*base, "--caches", "stock", "--rate-scale", "0")
+    bad = [("--load", "abc"), ("--load", "0"), ("--memory", "unified"),
+           ("--cache-gb", "0.001"), ("--caches", "lru"), ("--mfu", "2"),
+           ("--rate-scale", "-1")]
+    for extra in bad:
+        with pytest.raises(UserError) as err:
+            _cli(*base, *extra)
+        assert "\n" not in str(err.value)
+
+
+def test_report_verdicts_and_markdown():
+    from sglang_marconi.reports import serving_report
+
+    def run(cache, load, p95):
+        return {"cache": cache, "load": load, "ttft_p50_s": 0.1, "ttft_p95_s": p95,
+                "ttft_p99_s": p95, "queue_p95_s": 0.0, "throughput_req_s": 1.0,
+                "flops_saved_fraction": 0.1, "token_hit_rate": 0.1,
+                "gpu_busy_fraction": 0.5, "mean_running": 2.0,
+                "state_slots_by_running_mean": 8.0, "state_slots_by_tree_mean": 30.0,
+                "retractions": 0, "bookkeeping_ms_per_step_p99": 0.5, "wall_s": 1.0}
+
+    good = [run("stock", 0.8, 2.0), run("marconi+", 0.8, 1.0), run("stock", 0.5, 1.0),
+            run("marconi+", 0.5, 1.01)]
+    assert [v for _, v, _ in serving_report.verdicts("m", good)] == ["PASS", "PASS"]
+    bad = [run("stock", 0.8, 2.0), run("marconi+", 0.8, 1.5), run("marconi", 0.8, 2.1)]
+    assert [v for _, v, _ in serving_report.verdicts("m", bad)] == ["MISS", "MISS"]
+    pools = {"mode": "static", "kv_tokens": 10, "mamba_slots": 5, "max_running_requests": 1}
+    text = serving_report.markdown({"m": {"runs": good, "config": {"pools": pools,
+                                                                     "requests": 4}}}, "cmd")
+    assert "**PASS**" in text and text.count("\n| m |") == 4
