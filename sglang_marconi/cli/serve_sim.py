@@ -103,10 +103,6 @@ def build_setup(args):
     from sglang_marconi.serving.scheduler import SchedulerConfig
     from sglang_marconi.sim.traces import read_trace
 
-    if args.memory == "unified":
-        raise UserError("--memory unified: this tree's driver/pools.py cannot build SGLang's "
-                        "unified memory pool yet (the unified-memory issue has not landed); "
-                        "use --memory static")
     if args.mamba_track_interval % args.page_size or args.chunked_prefill_size % args.page_size:
         raise UserError("--mamba-track-interval and --chunked-prefill-size must be multiples "
                         f"of --page-size {args.page_size}")
@@ -140,9 +136,16 @@ def build_setup(args):
                             schedule_policy=args.schedule_policy,
                             measure_bookkeeping=args.bookkeeping == "measured",
                             clients=args.clients)
+    unified = None
+    if sizes.mode == "unified":
+        from sglang_marconi.driver.unified_pools import UnifiedConfig
+
+        unified = UnifiedConfig(sizes.unified_bytes, sizes.kv_bytes_per_token,
+                                sizes.state_bytes, sizes.mamba_slots)
     setup = ServeSetup(spec=spec, time_model=GpuTimeModel(spec, gpu), pools=pools,
                        sched=sched, settings=settings_from_args(args),
-                       timestamps=[r.timestamp for r in trace.requests], seed=args.seed)
+                       timestamps=[r.timestamp for r in trace.requests], seed=args.seed,
+                       unified=unified)
     return requests, setup, sizes
 
 

@@ -27,11 +27,13 @@ class ServeSetup:
     settings: object = None           # MarconiSettings (None: defaults)
     timestamps: list = field(default_factory=list)  # the trace's arrival seconds
     seed: int = 0
+    unified: object = None            # driver.unified_pools.UnifiedConfig (--memory unified)
 
 
 def pool_config(sizes, max_context_len: int, chunked_prefill_size: int = 8192,
                 mamba_track_interval: int = 256) -> PoolConfig:
-    """The CPU pools for SGLang's ``PoolSizes`` (static mode)."""
+    """The CPU pools for SGLang's ``PoolSizes`` (unified mode: the slot ids and the KV
+    tokens the buffer could hold; the buffer itself is ``ServeSetup.unified``)."""
     return PoolConfig(kv_tokens=sizes.kv_tokens, mamba_slots=sizes.mamba_slots,
                       page_size=sizes.page_size, max_context_len=max_context_len,
                       max_running_requests=sizes.max_running_requests,
@@ -49,7 +51,7 @@ def run_serving(name: str, requests, setup: ServeSetup, load=None, rate_scale=No
                 progress: Optional[Callable] = None, after_step=None):
     """One run; returns (summary dict, the scheduler with its records)."""
     cache, _, _ = make_cache(name, ABConfig(pools=setup.pools, spec=setup.spec,
-                                            settings=setup.settings))
+                                            settings=setup.settings, unified=setup.unified))
     times = arrivals(setup, requests, load, rate_scale)
     sched = ServingScheduler(cache, setup.time_model, setup.sched, requests, times,
                              after_step=after_step)
