@@ -53,11 +53,14 @@ def sglang_image(spec: CostModel, capacity_bytes: Optional[int], *, extra_buffer
 
 
 def state_pool_image(spec: CostModel, state_slots: int, *, extra_buffer: bool, grid: int,
-                     alpha: float, max_states_per_request: int, renormalise: bool,
+                     alpha: float, max_states_per_request: int, renormalise_limit: int,
                      sample: float = 1.0) -> PrefixCache:
     """The image of one SGLang state pool of ``state_slots`` slots: the slots a running
-    request leaves to the tree, KV free, ``sample`` of the prefix families."""
+    request leaves to the tree, KV free, ``sample`` of the prefix families; renormalised
+    per walk as the SGLang cache is (``--marconi-renormalise-limit``: -1 always, else up to
+    that many candidates)."""
     slots = max(1, state_slots - defaults.running_state_slots(extra_buffer))
+    renormalise = renormalise_limit < 0 or slots <= renormalise_limit
     return sglang_image(StatePoolCost(spec), int(slots * spec.ssm_state_bytes * sample),
                         extra_buffer=extra_buffer, grid=grid, alpha=alpha,
                         max_states_per_request=max_states_per_request,

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import logging
 from sglang_marconi.policy import defaults
-from sglang_marconi.policy.defaults import PAPER_MAX_STATES_PER_REQUEST, running_state_slots
+from sglang_marconi.policy.defaults import PAPER_MAX_STATES_PER_REQUEST
 from sglang_marconi.policy.mirror import state_pool_image
 from sglang_marconi.policy.ranking import ranked_efficiency
 from sglang_marconi.sglang_integration.admission_plans import NO_CAP, AdmissionPlans, RequestAdmission
@@ -132,11 +132,9 @@ class MarconiPolicyState(AdmissionPlans):
     # -- alpha ---------------------------------------------------------------------------
     def make_shadow(self, alpha: float, sample: float):
         """A metadata-only simulator cache mirroring this one's state pool, fixed alpha."""
-        limit = self.settings.renormalise_limit  # the real cache's normalisation rule
-        slots = max(1, self.state_slots - running_state_slots(self.extra_buffer))
         return state_pool_image(
             self.spec, self.state_slots, extra_buffer=self.extra_buffer, grid=self.grid,
-            alpha=alpha, sample=sample, renormalise=limit < 0 or slots <= limit,
+            alpha=alpha, sample=sample, renormalise_limit=self.settings.renormalise_limit,
             max_states_per_request=(self.max_states if self.capped
                                     else PAPER_MAX_STATES_PER_REQUEST))
 
