@@ -53,10 +53,7 @@ def resolve_pools(args, spec):
     sizes = size_pools(spec, args.cache_gb, args.memory or "static",
                        mamba_full_memory_ratio=args.mamba_full_memory_ratio or 0.9,
                        page_size=args.page_size)
-    unified = None
-    if sizes.mode == "unified":
-        unified = UnifiedConfig(sizes.unified_bytes, sizes.kv_bytes_per_token,
-                                sizes.state_bytes, sizes.mamba_slots)
+    unified = UnifiedConfig.from_sizes(sizes) if sizes.mode == "unified" else None
     return sizes.kv_tokens, sizes.mamba_slots, sizes, unified
 
 

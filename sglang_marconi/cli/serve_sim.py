@@ -140,8 +140,7 @@ def build_setup(args):
     if sizes.mode == "unified":
         from sglang_marconi.driver.unified_pools import UnifiedConfig
 
-        unified = UnifiedConfig(sizes.unified_bytes, sizes.kv_bytes_per_token,
-                                sizes.state_bytes, sizes.mamba_slots)
+        unified = UnifiedConfig.from_sizes(sizes)
     setup = ServeSetup(spec=spec, time_model=GpuTimeModel(spec, gpu), pools=pools,
                        sched=sched, settings=settings_from_args(args),
                        timestamps=[r.timestamp for r in trace.requests], seed=args.seed,

@@ -43,6 +43,12 @@ class UnifiedConfig:
     mamba_slots: int            # Mamba slot ids (SGLang's max_mamba_cache_size)
     lazy_compaction: bool = False  # SGLang's default is lazy; tests use eager (see notes)
 
+    @classmethod
+    def from_sizes(cls, sizes) -> "UnifiedConfig":
+        """The buffer ``sizing.size_pools(..., "unified")`` describes."""
+        return cls(sizes.unified_bytes, sizes.kv_bytes_per_token, sizes.state_bytes,
+                   sizes.mamba_slots)
+
     def scaled_state_bytes(self) -> int:
         return max(CONV_BYTES + 4, round(KV_ENTRY_BYTES * self.state_bytes
                                          / self.kv_bytes_per_token))
