@@ -69,11 +69,23 @@ class _Reader:
                             f"integer, got {value!r}")
         return value
 
-    def types(self, field: str) -> list[str]:
-        value = getattr(self.cfg, field, None)
+    def first(self, fields):
+        """The first of ``fields`` the config sets, as (name, value); (fields[0], None) when
+        none is. SGLang's own config classes (what ``model_config.hf_config`` is in the
+        server) do not always store a field under transformers' name: SGLang's
+        Qwen3NextConfig drops ``layer_types`` and derives ``layers_block_type`` instead."""
+        for field in fields:
+            value = getattr(self.cfg, field, None)
+            if value is not None:
+                return field, value
+        return fields[0], None
+
+    def types(self, *fields: str) -> list[str]:
+        """The per-layer types from the first of ``fields`` the config sets."""
+        field, value = self.first(fields)
         if not isinstance(value, (list, tuple)) or not value:
-            raise UserError(f"{self.arch}: config field {field!r} must list the layer types, "
-                            f"got {value!r}")
+            raise UserError(f"{self.arch}: config field {' or '.join(map(repr, fields))} must "
+                            f"list the layer types, got {value!r}")
         out = []
         for i, t in enumerate(value):
             t = str(t).lower()
@@ -127,16 +139,22 @@ def _nemotron_h(r, b, s):
 
 
 def _qwen3_next(r, b, s):
-    """Qwen3-Next and Qwen3.5 (text config): GDN or gated full attention, then MLP/MoE."""
+    """Qwen3-Next and Qwen3.5 (text config): GDN or gated full attention, then MLP/MoE.
+
+    The layer pattern is transformers' ``layer_types`` or, on SGLang's config classes (which
+    drop ``layer_types``), ``layers_block_type`` (from ``full_attention_interval``). Dense
+    Qwen3.5 (``qwen3_5_text``) has a dense MLP in every layer: SGLang's class inherits
+    Qwen3-Next's ``num_experts=512`` default, which its model ignores for that type."""
     hidden = r.int("hidden_size")
     gdn = gdn_layer(hidden, r.int("linear_num_key_heads"), r.int("linear_num_value_heads"),
                     r.int("linear_key_head_dim"), r.int("linear_value_head_dim"),
                     r.int("linear_conv_kernel_dim"), s, b)
-    num_experts = r.int0("num_experts")
+    dense = getattr(r.cfg, "model_type", None) == "qwen3_5_text"
+    num_experts = 0 if dense else r.int0("num_experts")
     sparse_step = r.int0("decoder_sparse_step") or 1
     mlp_only = set(getattr(r.cfg, "mlp_only_layers", None) or [])
     layers = []
-    for i, t in enumerate(r.types("layer_types")):
+    for i, t in enumerate(r.types("layer_types", "layers_block_type")):
         layers.append(gdn if t == "mamba" else _attention(r, b, q_factor=2))
         if num_experts and i not in mlp_only and (i + 1) % sparse_step == 0:
             layers.append(MLPLayer(hidden, expert_size=r.int("moe_intermediate_size"),
