@@ -14,6 +14,8 @@ import pytest
 pytest.importorskip("sglang")
 
 from sglang.srt.configs.model_config import ModelConfig  # noqa: E402
+from sglang.srt.configs.qwen3_next import Qwen3NextConfig  # noqa: E402
+from sglang.srt.utils.hf_transformers.config import get_config  # noqa: E402
 
 from sglang_marconi.model import spec_from_config_path, spec_from_hf_config  # noqa: E402
 from sglang_marconi.model.configs import load_hf_config  # noqa: E402
@@ -28,12 +30,13 @@ CASES = {
     "qwen3_next_80b_a3b_instruct": ("Qwen3NextConfig", 12, 36),  # Qwen/Qwen3-Next-80B-A3B-Instruct
     "qwen3_5_27b": ("Qwen3_5Config", 16, 48),  # Qwen/Qwen3.5-27B (dense)
     "qwen3_5_35b_a3b": ("Qwen3_5MoeConfig", 10, 30),  # Qwen/Qwen3.5-35B-A3B
+    "nemotron_h_8b_base_8k": ("NemotronHConfig", 4, 24),  # nvidia/Nemotron-H-8B-Base-8K
 }
 
 
 @pytest.fixture(params=sorted(CASES))
 def loaded(request, tmp_path):
-    """(case, transformers' config, SGLang's ModelConfig) of one config.json in a folder."""
+    """(case, folder, transformers' config, SGLang's ModelConfig) of one config.json."""
     shutil.copy(CONFIGS / f"{request.param}.json", tmp_path / "config.json")
     return (request.param, tmp_path, load_hf_config(tmp_path),
             ModelConfig(str(tmp_path), trust_remote_code=False))
@@ -71,9 +74,6 @@ def test_qwen3_next_startup_no_longer_crashes(tmp_path):
     """The crash: --cache-policy marconi on any Qwen3-Next model raised at start-up,
     'no cost model for Qwen3NextForCausalLM: qwen3_next: config field 'layer_types' must
     list the layer types, got None' (SGLang's Qwen3NextConfig has layers_block_type)."""
-    from sglang.srt.configs.qwen3_next import Qwen3NextConfig
-    from sglang.srt.utils.hf_transformers.config import get_config
-
     shutil.copy(CONFIGS / "qwen3_next_80b_a3b_instruct.json", tmp_path / "config.json")
     cfg = get_config(str(tmp_path), trust_remote_code=False)
     assert type(cfg) is Qwen3NextConfig and getattr(cfg, "layer_types", None) is None
@@ -84,3 +84,15 @@ def test_qwen3_next_startup_no_longer_crashes(tmp_path):
     spec = model_spec(Served)
     assert (spec.num_attention_layers, spec.num_ssm_layers) == (12, 36)
     assert spec == spec_from_config_path(tmp_path)
+
+
+def test_nemotron_h_ssm_state_float32_from_either_class(tmp_path):
+    """transformers' NemotronHConfig defaults mamba_ssm_cache_dtype to float32; SGLang's
+    class has no such field, so the spec takes transformers' default for it (SGLang's class
+    used to give a bf16 temporal state: half the state bytes of the transformers spec)."""
+    shutil.copy(CONFIGS / "nemotron_h_8b_base_8k.json", tmp_path / "config.json")
+    model_config = ModelConfig(str(tmp_path), trust_remote_code=False)
+    assert getattr(model_config.hf_config, "mamba_ssm_cache_dtype", None) is None
+    for spec in (model_spec(model_config), spec_from_config_path(tmp_path)):
+        layer = spec.ssm_layers[0]
+        assert (layer.state_dtype_bytes, layer.conv_dtype_bytes) == (4, 2)

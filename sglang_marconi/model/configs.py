@@ -3,8 +3,12 @@
 Configs are read with transformers' own config classes (``AutoConfig.for_model``), so the
 layer pattern is whatever the architecture's config class derives (NemotronH's
 ``hybrid_override_pattern``, Jamba's attention/expert period and offset, Qwen3-Next's
-``layer_types``, Bamba's ``attn_layer_indices``, ...). Bad input raises ``UserError`` naming
-the file, the architecture and the field.
+``layer_types``, Bamba's ``attn_layer_indices``, ...). Inside SGLang's server the config is
+SGLang's own class for the architecture (``sglang/srt/configs/``: Qwen3-Next, Qwen3.5,
+NemotronH, Falcon-H1, GraniteMoeHybrid, Mamba, Mamba2), which stores some fields under other
+names or not at all; every builder gives the same spec from either class (the builders read
+fields both expose, or try the names in order; tests/test_sglang_configs.py checks each).
+Bad input raises ``UserError`` naming the file, the architecture and the field.
 """
 from __future__ import annotations
 
@@ -267,6 +271,10 @@ BUILDERS = {
     "mamba": _mamba,
 }
 MULTIMODAL_WRAPPERS = {"qwen3_5", "qwen3_5_moe"}  # the language model is in text_config
+# The SSM state dtype where the config does not set ``mamba_ssm_cache_dtype``: transformers'
+# class default, which SGLang's class for the architecture lacks (SGLang's NemotronHConfig has
+# no such field; transformers' defaults it to float32).
+SSM_CACHE_DTYPE_DEFAULTS = {"nemotron_h": "float32"}
 
 
 def _config_dtype(cfg) -> str:
@@ -286,7 +294,8 @@ def spec_from_hf_config(cfg, name=None, dtype=None, ssm_dtype=None) -> HybridMod
                         f"model sglang-marconi understands; supported: "
                         f"{', '.join(sorted(set(BUILDERS) | MULTIMODAL_WRAPPERS))}")
     dtype = dtype or _config_dtype(cfg)
-    ssm_dtype = ssm_dtype or getattr(cfg, "mamba_ssm_cache_dtype", None) or dtype
+    ssm_dtype = (ssm_dtype or getattr(cfg, "mamba_ssm_cache_dtype", None)
+                 or SSM_CACHE_DTYPE_DEFAULTS.get(inner) or dtype)
     kv_b = dtype_bytes(dtype, "dtype")
     ssm_b = dtype_bytes(ssm_dtype, "SSM state dtype")
     layers = BUILDERS[inner](_Reader(cfg, model_type), kv_b, ssm_b)
