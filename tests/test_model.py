@@ -2,6 +2,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import transformers
@@ -144,6 +145,19 @@ def test_model_info_cli(tmp_path):
         r = _cli("model-info", *args)
         assert r.returncode == 2
         assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: "), r.stderr
+
+
+def test_model_info_cli_reads_published_configs():
+    """model-info --config on a published config.json (Qwen3.5-35B-A3B: a multimodal wrapper
+    whose language model is in text_config)."""
+    path = Path(__file__).resolve().parent / "data" / "configs" / "qwen3_5_35b_a3b.json"
+    r = _cli("model-info", "--config", str(path), "--json")
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    assert (info["num_attention_layers"], info["num_ssm_layers"]) == (10, 30)
+    spec = spec_from_config_path(path)
+    assert (info["ssm_state_bytes"], info["kv_bytes_per_token"]) == (spec.ssm_state_bytes,
+                                                                     spec.kv_bytes_per_token)
 
 
 def test_cost_models_implement_the_protocol():

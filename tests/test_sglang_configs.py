@@ -6,6 +6,7 @@ one, drops ``layer_types`` and derives ``layers_block_type``. Each published con
 ``tests/data/configs`` is loaded both ways (transformers' loader, and SGLang's ``ModelConfig``
 as the server builds it) and the two ``HybridModelSpec``s must be identical.
 """
+import json
 import shutil
 from pathlib import Path
 
@@ -15,10 +16,12 @@ pytest.importorskip("sglang")
 
 from sglang.srt.configs.model_config import ModelConfig  # noqa: E402
 from sglang.srt.configs.qwen3_next import Qwen3NextConfig  # noqa: E402
+from sglang.srt.utils.hf_transformers.common import _CONFIG_REGISTRY  # noqa: E402
 from sglang.srt.utils.hf_transformers.config import get_config  # noqa: E402
 
 from sglang_marconi.model import spec_from_config_path, spec_from_hf_config  # noqa: E402
-from sglang_marconi.model.configs import load_hf_config  # noqa: E402
+from sglang_marconi.model.configs import (BUILDERS, MULTIMODAL_WRAPPERS,  # noqa: E402
+                                          load_hf_config)
 from sglang_marconi.sglang_integration.backend import model_spec  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parent / "data" / "configs"
@@ -31,6 +34,10 @@ CASES = {
     "qwen3_5_27b": ("Qwen3_5Config", 16, 48),  # Qwen/Qwen3.5-27B (dense)
     "qwen3_5_35b_a3b": ("Qwen3_5MoeConfig", 10, 30),  # Qwen/Qwen3.5-35B-A3B
     "nemotron_h_8b_base_8k": ("NemotronHConfig", 4, 24),  # nvidia/Nemotron-H-8B-Base-8K
+    "falcon_h1_0.5b_instruct": ("FalconH1Config", 36, 36),  # tiiuae/Falcon-H1-0.5B-Instruct
+    "granite_4.0_h_small": ("GraniteMoeHybridConfig", 4, 36),  # ibm-granite/granite-4.0-h-small
+    "mamba2_codestral_7b": ("Mamba2Config", 0, 64),  # mistralai/Mamba-Codestral-7B-v0.1
+    "mamba_2.8b_hf": ("MambaConfig", 0, 64),  # state-spaces/mamba-2.8b-hf
 }
 
 
@@ -84,6 +91,19 @@ def test_qwen3_next_startup_no_longer_crashes(tmp_path):
     spec = model_spec(Served)
     assert (spec.num_attention_layers, spec.num_ssm_layers) == (12, 36)
     assert spec == spec_from_config_path(tmp_path)
+
+
+def test_every_builder_with_an_sglang_class_is_covered():
+    """Each architecture BUILDERS knows that SGLang registers its own config class for has
+    a published config.json above (Jamba, Bamba and Zamba2 SGLang neither registers nor
+    serves: its loader gives transformers' class for them)."""
+    covered = set()
+    for case in CASES:
+        data = json.loads((CONFIGS / f"{case}.json").read_text(encoding="utf-8"))
+        covered |= {data["model_type"], data.get("text_config", {}).get("model_type")}
+    own = (set(BUILDERS) | MULTIMODAL_WRAPPERS) & set(_CONFIG_REGISTRY)
+    assert own <= covered, sorted(own - covered)
+    assert not {"jamba", "bamba", "zamba2"} & set(_CONFIG_REGISTRY)
 
 
 def test_nemotron_h_ssm_state_float32_from_either_class(tmp_path):
