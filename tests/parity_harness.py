@@ -167,7 +167,10 @@ class SGLangSide:
         else:  # SGLang's unified buffer of ``unified.unified_bytes`` (test_parity_unified)
             self.cache = build_unified_cache(self.pc, unified, cache_class=cls,
                                              tree_core="python")[0]
-        self.replayer = Replayer(self.cache, chunked_prefill_size=NEVER)
+        # the call sequence the simulator's image models (no publish of the last prefill
+        # chunk): parity of the two engines' policy decisions, not of SGLang's sequence
+        self.replayer = Replayer(self.cache, chunked_prefill_size=NEVER,
+                                 publish_last_chunk=False)
         # where states can land: the checkpoint grid, or any token without the extra buffer
         self.grid = self.replayer.grid if regime.extra_buffer else regime.page
         self.branches, self.evicted = {}, []

@@ -146,7 +146,10 @@ class SGLangDriver:
                                             settings=MarconiSettings(**settings))
         self.cache = build_cache(self.pc, cache_class=cache_class, tree_core="python")[0]
         self.counters = instrument(self.cache)
-        self.replayer = Replayer(self.cache, chunked_prefill_size=NEVER)
+        # the call sequence the simulator's image models (no publish of the last prefill
+        # chunk): parity of the two engines' policy decisions, not of SGLang's sequence
+        self.replayer = Replayer(self.cache, chunked_prefill_size=NEVER,
+                                 publish_last_chunk=False)
         self.budget = (self.pc.kv_tokens, self.pc.mamba_slots)
         self.peak = (0, 0)
         self.hits = []

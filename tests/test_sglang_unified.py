@@ -111,8 +111,10 @@ def test_kv_shortage_can_free_a_state_one_ranking():
         return original(params, *args, **kwargs)
 
     cache._evict = spy
+    # two prefill chunks a request (350 tokens in three made every chunk state of a
+    # request compete with its running slots: the walk then took only leaves)
     requests = [ReplayRequest(f"r{i}", array("q", BASES[i % 3][:100] + [10**6 + 1000 * i + j
-                                                                       for j in range(250)]),
+                                                                       for j in range(100)]),
                               [1, 2, 3]) for i in range(12)]
     replay_checked(cache, requests)
     evicted = cache.marconi.stats.evicted

@@ -9,7 +9,9 @@ For strictly sequential requests the scheduler does, in order (sglang 0.5.23):
    evicting from the tree when short), then ``ScheduleBatch.
    _mamba_radix_cache_v2_req_prepare_for_extend`` (extra_buffer: which position the
    chunk snapshots: its grid-floored end, or the branch point when it falls inside);
-   after an unfinished chunk ``checkpoint_kv_cache(req, tree_cache)``;
+   after every prefill chunk of a request that is not finished (the unfinished chunks,
+   and the last one when the request goes on to decode) ``checkpoint_kv_cache(req,
+   tree_cache)``;
 4. per decode step: ``alloc_for_decode_default(batch, 1)`` (on page boundaries; inside a
    page its effect, ``last_loc + 1``, is written directly) and, on the track-interval
    boundary, the ping-pong bookkeeping of ``SchedulerBatchResultProcessor`` (mirrored in
@@ -109,7 +111,11 @@ class Replayer:
     """Runs ``ReplayRequest``s one after another through ``tree_cache``."""
 
     def __init__(self, tree_cache, chunked_prefill_size: int = 8192,
-                 mamba_chunk_size: int = 64):
+                 mamba_chunk_size: int = 64, publish_last_chunk: bool = True):
+        """``publish_last_chunk``: SGLang's ``checkpoint_kv_cache`` after the last prefill
+        chunk of a request that goes on to decode (what the live server does, checked by
+        tests/live). False drops that one call: the sequence the simulator's image of
+        SGLang (``policy.mirror``) still models, for the parity tests only."""
         from sglang.srt.runtime_context import (
             get_exec,
             mamba_checkpoint_grid,
@@ -119,6 +125,7 @@ class Replayer:
         self.cache = tree_cache
         self.chunk = chunked_prefill_size
         self.mamba_chunk_size = mamba_chunk_size
+        self.publish_last_chunk = publish_last_chunk
         self.extra_buffer = bool(get_exec().mamba.enable_mamba_extra_buffer)
         self.grid = mamba_checkpoint_grid(tree_cache.page_size)
         self.track_grid = mamba_track_grid(tree_cache.page_size)
@@ -251,6 +258,11 @@ class Replayer:
             if i == out_len - 1:
                 req.finished_reason = FINISH_LENGTH(length=out_len)
                 break
+            if i == 0 and self.publish_last_chunk:
+                # the last prefill chunk of a request that goes on to decode is published
+                # like every other chunk (SchedulerBatchResultProcessor.
+                # process_batch_result_prefill: checkpoint_kv_cache when not finished)
+                checkpoint_kv_cache(req, self.cache)
             self._decode_step(req)
         peak_kv, peak_mamba = max(peak_kv, self.kv_used()), max(peak_mamba, self.mamba_used())
         release_kv_cache(req, self.cache, checkpoint=True)

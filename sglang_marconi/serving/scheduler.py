@@ -45,7 +45,6 @@ class SchedulerConfig:
     chunked_prefill_size: int = 8192
     max_prefill_tokens: int = 16384          # SGLang's --max-prefill-tokens default
     schedule_policy: str = "lpm"             # --schedule-policy (SGLang's default: fcfs)
-    checkpoint_after_prefill: bool = True    # process_batch_result_prefill does; the serial replay does not
     measure_bookkeeping: bool = True         # add the cache's measured CPU time to the clock
     mamba_chunk_size: int = 64
     # closed loop: at most this many requests in the server (a request is released when
@@ -368,7 +367,5 @@ class ServingScheduler:
                 release_kv_cache(req, self.cache, checkpoint=True)
                 rec.finished = self.now
                 self.completed += 1
-            elif not decode and self.cfg.checkpoint_after_prefill:
-                checkpoint_kv_cache(req, self.cache)         # prefill ~384-386
             elif not decode:
-                req.prefix_len = req.extend_end              # the serial replay's order
+                checkpoint_kv_cache(req, self.cache)         # prefill ~384-386

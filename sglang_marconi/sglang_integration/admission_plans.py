@@ -34,6 +34,8 @@ class RequestAdmission:
     end: int = 0               # marconi+: where its end state is or would be (0: none new)
     hit_node: object = None    # marconi+: the node whose state its (last) match consumes
     counted: bool = False      # marconi+: counted in the end-state reuse rate
+    end_offered: int = 0       # the position of the last end state offered (0: none)
+    end_admitted: bool = False  # and whether it was admitted
 
 
 class AdmissionPlans:
@@ -94,6 +96,12 @@ class AdmissionPlans:
             adm.pending = "branch"
             adm.published += 1
             return True
+        if req.extend_end >= len(req.origin_input_ids):
+            # the last prefill chunk of a request that decodes: SGLang publishes its
+            # snapshot now (checkpoint_kv_cache after every unfinished prefill), not only
+            # at finish: it is the request's end state unless a decode snapshot follows,
+            # so the end-state rules and the place reserved for the final state apply
+            return self._admit_end(req, adm, position, final=False)
         if adm.chunk_budget > 0:
             adm.chunk_budget -= 1
             adm.pending = "chunk"
@@ -106,29 +114,47 @@ class AdmissionPlans:
         """The finished request's state, which SGLang inserts at ``position`` (the last
         snapshot under extra_buffer, the KV length without it)."""
         adm = self._admission(req)
-        if self.ghost is not None and not adm.counted:
-            adm.counted = True
-            end = position
-            if adm.branch and position == adm.branch:
-                # the branch snapshot took the last chunk's slot: the end state would
-                # have been that chunk's grid-floored end, the input's
-                end = len(req.origin_input_ids) // self.grid * self.grid
-            adm.end = end if end > adm.hit_len else 0
-            # the simulator's moments: reaching a remembered end counts as a reuse, having
-            # an end state of one's own as an end, both before the decision below
-            if self.end_usefulness is not None:
-                self.end_usefulness.observe_request(adm.ghost_end, bool(adm.end))
         if adm.branch and position == adm.branch:
+            self._observe_end(req, adm, position)
             adm.pending = "branch"  # the branch snapshot arrives as the final state
             return True
+        if adm.end_offered and position == adm.end_offered:
+            # the last prefill chunk offered this very snapshot: same decision, counted once
+            return adm.end_admitted
+        return self._admit_end(req, adm, position, final=True)
+
+    def _observe_end(self, req, adm: RequestAdmission, position: int) -> None:
+        """marconi+: count the request in the end-state reuse rate, once."""
+        if self.ghost is None or adm.counted:
+            return
+        adm.counted = True
+        end = position
+        if adm.branch and position == adm.branch:
+            # the branch snapshot took the last chunk's slot: the end state would
+            # have been that chunk's grid-floored end, the input's
+            end = len(req.origin_input_ids) // self.grid * self.grid
+        adm.end = end if end > adm.hit_len else 0
+        # the simulator's moments: reaching a remembered end counts as a reuse, having
+        # an end state of one's own as an end, both before the decision below
+        if self.end_usefulness is not None:
+            self.end_usefulness.observe_request(adm.ghost_end, bool(adm.end))
+
+    def _admit_end(self, req, adm: RequestAdmission, position: int, final: bool) -> bool:
+        """An end-of-request state (the final one, or the last prefill chunk's: an
+        intermediate snapshot refused by the cap counts as ``rejected``)."""
+        self._observe_end(req, adm, position)
+        adm.end_offered, adm.end_admitted = position, False
         adm.pending = "final"
         if (self.end_usefulness is not None and adm.end
                 and not self.end_usefulness.admit()):
             self.stats.end_states_skipped += 1
             return False  # marconi+: end states are rarely reused on this traffic
-        if not self.capped:
-            return True  # no cap: SGLang's own admission, state for state
-        return adm.published < self.max_states
+        if self.capped and adm.published >= self.max_states:
+            self.stats.rejected += 0 if final else 1
+            return False
+        adm.published += 1
+        adm.end_admitted = True
+        return True
 
     def state_admitted(self, req, finished: bool) -> None:
         adm = self.plan(req)
