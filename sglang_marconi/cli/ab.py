@@ -52,12 +52,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--page-size", type=_positive, default=64)
     parser.add_argument("--chunked-prefill-size", type=_positive, default=8192)
     parser.add_argument("--mamba-track-interval", type=_positive, default=256)
+    parser.add_argument("--mamba-radix-cache-strategy", choices=("extra_buffer", "no_buffer"),
+                        default="extra_buffer",
+                        help="where states are taken, as SGLang's flag: extra_buffer (what "
+                             "auto picks for hybrid models; default) or no_buffer (one state "
+                             "at the end; page size 1)")
     parser.add_argument("--limit", type=_positive, default=None,
                         help="replay only the first N requests")
     parser.add_argument("--caches", default=",".join(DEFAULT_CACHES),
                         help=f"comma-separated subset of {', '.join(CACHE_NAMES)}")
     add_marconi_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--per-request", action="store_true",
+                        help="with --json: each cache's tokens hit per request, in order "
+                             "(hit_tokens_per_request)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -136,6 +144,9 @@ def _check_pools(args, requests, kv_tokens: int, mamba_slots: int) -> int:
     if args.mamba_track_interval % args.page_size or args.chunked_prefill_size % args.page_size:
         raise UserError("--mamba-track-interval and --chunked-prefill-size must be multiples "
                         f"of --page-size {args.page_size}")
+    if args.mamba_radix_cache_strategy == "no_buffer" and args.page_size != 1:
+        raise UserError("--mamba-radix-cache-strategy no_buffer needs --page-size 1 "
+                        "(as in SGLang)")
     if mamba_slots < 4:
         raise UserError("--mamba-slots must be at least 4 (a running request holds 3)")
     return need
@@ -196,15 +207,18 @@ def _run(args) -> int:
     pools = PoolConfig(kv_tokens=kv_tokens, mamba_slots=mamba_slots,
                        page_size=args.page_size, max_context_len=max_len,
                        chunked_prefill_size=args.chunked_prefill_size,
-                       mamba_track_interval=args.mamba_track_interval)
+                       mamba_track_interval=args.mamba_track_interval,
+                       extra_buffer=args.mamba_radix_cache_strategy == "extra_buffer")
     cfg = ABConfig(pools=pools, spec=spec, settings=settings, caches=caches, unified=unified)
-    results = run_ab(requests, cfg, show_progress=not args.no_progress)
+    results = run_ab(requests, cfg, show_progress=not args.no_progress,
+                     per_request=args.per_request)
     results["config"] = {"trace": str(args.trace), "model": spec.name,
                          "requests": len(requests), "kv_tokens": kv_tokens,
                          "mamba_slots": mamba_slots, "page_size": args.page_size,
                          "pools": pool_summary(sizes, kv_tokens, mamba_slots),
                          "chunked_prefill_size": args.chunked_prefill_size,
                          "mamba_track_interval": args.mamba_track_interval,
+                         "mamba_radix_cache_strategy": args.mamba_radix_cache_strategy,
                          "marconi_alpha": settings.alpha,
                          **({"marconi_online_alphas": list(settings.online_alphas),
                              "marconi_online_window": settings.online_window,

@@ -111,7 +111,7 @@ def make_cache(name: str, cfg: ABConfig):
 
 
 def run_one(name: str, requests: list, cfg: ABConfig,
-            progress: Optional[Callable] = None) -> dict:
+            progress: Optional[Callable] = None, per_request: bool = False) -> dict:
     """Replay ``requests`` through a fresh cache ``name``; returns its column of numbers."""
     cache, _, _ = make_cache(name, cfg)
     counters = instrument(cache)
@@ -121,10 +121,11 @@ def run_one(name: str, requests: list, cfg: ABConfig,
     hit = inp = 0
     saved = total_flops = 0.0
     peak_kv = peak_mamba = 0
-    times = []
+    times, hits = [], []
     t0 = time.perf_counter()
     for rr in requests:
         out = replayer.run(rr)
+        hits.append(out.hit_len)
         inp += out.input_len
         hit += out.hit_len
         saved += spec.flops_saved(out.hit_len, 0)
@@ -159,6 +160,8 @@ def run_one(name: str, requests: list, cfg: ABConfig,
         "bookkeeping_call_ms_p99": 1000 * quantile(calls.seconds, 0.99),
         "wall_seconds": wall,
     }
+    if per_request:
+        result["hit_tokens_per_request"] = hits
     if hasattr(cache, "marconi"):
         result["marconi"] = cache.marconi.stats.as_dict()
     del cache, replayer
@@ -166,7 +169,8 @@ def run_one(name: str, requests: list, cfg: ABConfig,
     return result
 
 
-def run_ab(requests: list, cfg: ABConfig, show_progress: bool = True) -> dict:
+def run_ab(requests: list, cfg: ABConfig, show_progress: bool = True,
+           per_request: bool = False) -> dict:
     """All caches of ``cfg`` on the same requests: ``{"caches": {name: column}}``."""
     from tqdm import tqdm
 
@@ -174,5 +178,6 @@ def run_ab(requests: list, cfg: ABConfig, show_progress: bool = True) -> dict:
     for name in cfg.caches:
         with tqdm(total=len(requests), desc=f"{name:>12}", unit="req",
                   disable=not show_progress, leave=False) as bar:
-            results[name] = run_one(name, requests, cfg, progress=bar.update)
+            results[name] = run_one(name, requests, cfg, progress=bar.update,
+                                    per_request=per_request)
     return {"caches": results}
