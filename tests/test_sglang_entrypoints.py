@@ -22,6 +22,7 @@ CONFLICTS = [  # (Python API kwargs, the same as flags)
     (dict(radix_eviction_policy="lfu"), ("--radix-eviction-policy", "lfu")),
     (dict(enable_hierarchical_cache=True), ("--enable-hierarchical-cache",)),
     (dict(disable_radix_cache=True), ("--disable-radix-cache",)),
+    (dict(speculative_algorithm="EAGLE"), ("--speculative-algorithm", "EAGLE")),
 ]
 
 

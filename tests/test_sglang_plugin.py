@@ -92,6 +92,8 @@ def test_cache_policy_flag_selects_the_backend(parse, monkeypatch):
     (("--cache-policy", "marconi", "--disable-radix-cache"), "--disable-radix-cache"),
     (("--cache-policy", "marconi", "--radix-eviction-policy", "lfu"), "eviction"),
     (("--cache-policy", "marconi", "--enable-hierarchical-cache"), "hierarchical"),
+    (("--cache-policy", "marconi", "--speculative-algorithm", "NEXTN"), "--speculative-algorithm"),
+    (("--cache-policy", "marconi+", "--speculative-algorithm", "EAGLE"), "--speculative-algorithm"),
     (("--cache-policy", "marconi", "--radix-cache-backend", "flexkv"), "flexkv"),
     (("--marconi-alpha", "0.5"), "only apply with --cache-policy marconi"),
     (("--cache-policy", "marconi", "--marconi-max-states-per-request", "0"), "positive"),
