@@ -15,10 +15,24 @@
 #   MOONCAKE_PROMPTS=1000  MOONCAKE_SLOWDOWN=1.0  MULTITURN_GROUPS=32
 #   MARCONI_FLAGS="--marconi-alpha auto" (marconi only)   POLICIES="lru marconi marconi+"
 #   OUT=ab_serve_results   PYTHON=python
+#
+# On a CPU-only machine: scripts/ab_serve.sh --cpu [--model qwen3_next|nemotron_h]
+#   [--buffer extra_buffer|no_buffer] [--policies stock,marconi,marconi+]
+# starts live CPU servers (SGLang's real server, forward replaced: docs/live_server.md)
+# with capped pools and prints the table from the servers' own counters
+# (scripts/ab_serve_cpu.py).
 set -euo pipefail
 
+if [[ "${1:-}" == "--cpu" ]]; then
+    shift
+    HERE="$(cd "$(dirname "$0")/.." && pwd)"
+    PYTHON="${PYTHON:-$HERE/.venv/bin/python}"
+    [[ -x "$PYTHON" ]] || PYTHON=python
+    exec "$PYTHON" "$HERE/scripts/ab_serve_cpu.py" "$@"
+fi
+
 if [[ $# -lt 1 || "$1" == "-h" || "$1" == "--help" ]]; then
-    sed -n '2,18p' "$0"; exit 2
+    sed -n '2,24p' "$0"; exit 2
 fi
 MODEL="$1"; shift
 EXTRA_FLAGS=("$@")

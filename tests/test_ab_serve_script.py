@@ -39,3 +39,10 @@ def test_summary_table(tmp_path):
     assert p95 == ["400.0", "350.0", "300.0"]
     hits = [line for line in out.splitlines() if "cache hit rate" in line][0].split()[-3:]
     assert hits == ["0", "10", "20"]
+
+
+def test_cpu_mode_checks_its_policies():
+    """``--cpu`` (live CPU servers, scripts/ab_serve_cpu.py) refuses an unknown policy
+    before starting anything."""
+    r = run(["--cpu", "--policies", "stock,fifo"])
+    assert r.returncode == 2 and "unknown fifo" in r.stderr

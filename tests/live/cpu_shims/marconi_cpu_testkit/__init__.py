@@ -1,0 +1,91 @@
+"""Test-only SGLang plugin: SGLang's real server on a CPU-only machine, forward replaced.
+
+Loaded through the entry point group ``sglang.srt.plugins`` in every process SGLang
+starts (``marconi_cpu_testkit-0.1.dist-info`` beside this folder: the folder is put on
+``PYTHONPATH`` of the test servers only, nothing is installed). It acts only when
+``MARCONI_CPU_TESTKIT=1``. Every replacement, and why (docs/live_server.md):
+
+1. ``<Model>ForCausalLM.forward`` of the tiny hybrid models (Qwen3-Next, Nemotron-H):
+   the embedding of the input ids goes straight to the model's real logits processor,
+   whose next-token logits are then set to pick a lowercase letter that depends only on
+   the sequence length (``'a' + len % 26``): outputs are text that re-tokenizes to the
+   same ids (multi-turn chat continues exactly), the same in every server. The GDN /
+   Mamba2 mixers' kernels exist for CUDA only. ModelRunner, the pools, the radix cache
+   (stock or Marconi), copy-on-write of states, sampling and the scheduler stay SGLang's:
+   cache decisions and ``cached_tokens`` are real; no KV or SSM contents are written, so
+   output tokens are not the model's.
+2. ``sglang.srt.arg_groups.mamba_hook._platform_supports_mamba_cache_extra_buffer``
+   answers True: extra_buffer (and so the overlap loop with a hybrid model) asserts a
+   GPU-type platform; nothing of it needs one once the forward is replaced.
+3. ``torch.ops.sgl_kernel``: the CPU engine reads a few ops at module load; they are
+   stand-ins that raise if called; every other op name looks absent to ``hasattr``, as on
+   a machine without the AMX build (``utils/patch_torch.py`` register_fake_if_exists, the
+   AMX probe, ``models/utils.py`` fused qk-norm probe).
+4. torch here is a CUDA build without a driver: ``torch.get_device_module()`` with no
+   argument answers ``torch.cpu`` and ``Tensor.pin_memory()`` returns the tensor
+   (``models/qwen3_next.py``, ``managers/schedule_batch.py`` extra_buffer track mask).
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+logger = logging.getLogger("marconi_cpu_testkit")
+
+FORWARDS = (
+    "sglang.srt.models.qwen3_next.Qwen3NextForCausalLM.forward",
+    "sglang.srt.models.nemotron_h.NemotronHForCausalLM.forward",
+)
+EXTRA_BUFFER_PLATFORM = \
+    "sglang.srt.arg_groups.mamba_hook._platform_supports_mamba_cache_extra_buffer"
+_done = False
+
+
+class _SglKernelOps:
+    """``torch.ops.sgl_kernel``: loud stand-ins for the ops read at import, absent others."""
+
+    def __getattr__(self, name):
+        from sgl_kernel import STAND_INS, ops  # the stand-in package beside this one
+
+        if name in STAND_INS["sgl_kernel.ops"]:
+            return getattr(ops, name)
+        raise AttributeError(f"torch.ops.sgl_kernel.{name} (absent in the CPU test server)")
+
+
+def replaced_forward(self, input_ids, positions, forward_batch, *args, **kwargs):
+    """Embed the ids and hand them to the model's own logits processor (no mixer runs);
+    the next token is the letter ``'a' + seq_len % 26`` of each sequence."""
+    hidden = self.get_input_embeddings()(input_ids)
+    out = self.logits_processor(input_ids, hidden, self.lm_head, forward_batch)
+    logits = out.next_token_logits
+    if logits is not None and logits.shape[0] == forward_batch.seq_lens.shape[0]:
+        target = ord("a") + forward_batch.seq_lens.to(logits.device).long() % 26
+        logits.fill_(-30.0)
+        logits.scatter_(1, target[:, None], 30.0)
+    return out
+
+
+def _extra_buffer_supported() -> bool:
+    return True
+
+
+def register() -> None:
+    global _done
+    if _done or os.environ.get("MARCONI_CPU_TESTKIT") != "1":
+        return
+    import torch
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    original_get_device_module = torch.get_device_module
+
+    def get_device_module(device=None):
+        return torch.cpu if device is None else original_get_device_module(device)
+
+    torch.get_device_module = get_device_module
+    torch.Tensor.pin_memory = lambda self, *a, **k: self
+    setattr(torch.ops, "sgl_kernel", _SglKernelOps())
+    for target in FORWARDS:
+        HookRegistry.register(target, replaced_forward, HookType.REPLACE)
+    HookRegistry.register(EXTRA_BUFFER_PLATFORM, _extra_buffer_supported, HookType.REPLACE)
+    _done = True
+    logger.warning("marconi_cpu_testkit: model forward replaced, CPU shims active (tests only)")
