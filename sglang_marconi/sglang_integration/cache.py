@@ -64,10 +64,12 @@ class MarconiUnifiedRadixCache(UnifiedRadixCache):
         self.marconi.exporter = make_exporter(self)
         if self.marconi.exporter is not None:
             self.marconi.exporter.set_alpha(self.marconi.alpha)
-        logger.info("Marconi cache: spec=%s policy=%s alpha=%s max_states_per_request=%s",
-                    spec.name, "marconi+" if self.marconi.settings.plus else "marconi",
+        logger.info("Marconi cache: spec=%s policy=%s alpha=%s max_states_per_request=%s "
+                    "memory=%s", spec.name,
+                    "marconi+" if self.marconi.settings.plus else "marconi",
                     self.marconi.settings.alpha,
-                    self.marconi.settings.max_states_per_request)
+                    self.marconi.settings.max_states_per_request,
+                    "unified (KV and states ranked together)" if self.unified else "static")
 
     def reset(self) -> None:
         """SGLang's reset (a new, empty tree), then fresh victim queues over it."""

@@ -54,6 +54,7 @@ class ServerFarm:
             return self.starting[cfg]
 
     def _stop(self, cfg, server: LiveServer) -> None:
+        """Stop ``server`` (SIGTERM, then by PID) and record what was left."""
         pids = server.pids()
         killed = server.stop()
         left = [p for p in pids if _alive(p)]

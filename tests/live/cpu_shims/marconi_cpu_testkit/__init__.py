@@ -23,7 +23,10 @@ starts (``marconi_cpu_testkit-0.1.dist-info`` beside this folder: the folder is 
    AMX probe, ``models/utils.py`` fused qk-norm probe).
 4. torch here is a CUDA build without a driver: ``torch.get_device_module()`` with no
    argument answers ``torch.cpu`` and ``Tensor.pin_memory()`` returns the tensor
-   (``models/qwen3_next.py``, ``managers/schedule_batch.py`` extra_buffer track mask).
+   (``models/qwen3_next.py``, ``managers/schedule_batch.py`` extra_buffer track mask);
+   ``torch.cuda.current_stream()`` answers a stream whose waits return at once (CPU work
+   is synchronous: the unified allocator's ``_settle_inflight_forward``,
+   ``mem_cache/allocator/unified_sub_pool.py`` ~1810, under ``--enable-unified-memory``).
 """
 from __future__ import annotations
 
@@ -69,6 +72,19 @@ def _extra_buffer_supported() -> bool:
     return True
 
 
+class _SynchronousStream:
+    """The current stream of a machine without a GPU: every wait is already satisfied."""
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def wait_stream(self, stream) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
 def register() -> None:
     global _done
     if _done or os.environ.get("MARCONI_CPU_TESTKIT") != "1":
@@ -83,6 +99,8 @@ def register() -> None:
 
     torch.get_device_module = get_device_module
     torch.Tensor.pin_memory = lambda self, *a, **k: self
+    if not torch.cuda.is_available():
+        torch.cuda.current_stream = lambda device=None: _SynchronousStream()
     setattr(torch.ops, "sgl_kernel", _SglKernelOps())
     for target in FORWARDS:
         HookRegistry.register(target, replaced_forward, HookType.REPLACE)
