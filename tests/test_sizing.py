@@ -70,3 +70,23 @@ def test_bad_input_one_line_error(kwargs, field):
     with pytest.raises(UserError) as err:
         size_pools(_spec(), **kwargs)
     assert field in str(err.value) and "\n" not in str(err.value)
+
+
+def test_unified_slot_ids_are_what_sglangs_allocator_hands_out():
+    """Under unified memory SGLang's Mamba allocator gets a buffer full of state ids
+    (4,006 for paper-7b at 100 GB), not the static split's 1,897: the printed count is
+    the built pool's."""
+    pytest.importorskip("sglang")
+    from sglang_marconi.driver.pools import PoolConfig
+    from sglang_marconi.driver.unified_pools import UnifiedConfig, build_unified_cache
+
+    sizes = size_pools(preset_spec("paper-7b"), 100, "unified")
+    pc = PoolConfig(kv_tokens=sizes.kv_tokens, mamba_slots=sizes.mamba_slots,
+                    max_context_len=20000, max_running_requests=sizes.max_running_requests)
+    _, _, req_to_token_pool = build_unified_cache(pc, UnifiedConfig.from_sizes(sizes))
+    assert sizes.mamba_slot_ids == req_to_token_pool.mamba_allocator.size == 4006
+    assert sizes.mamba_slots == 1897 and sizes.max_running_requests == 379
+    assert "4,006 state slot ids" in sizes.describe()
+    assert sizes.as_dict()["mamba_slot_ids"] == 4006
+    static = size_pools(preset_spec("paper-7b"), 100, "static")
+    assert static.mamba_slot_ids == static.mamba_slots == 1897

@@ -28,7 +28,7 @@ def add_pool_arguments(parser, positive) -> None:
                             "(--enable-unified-memory: one byte buffer); default static")
     group.add_argument("--mamba-full-memory-ratio", type=_positive_float, default=None,
                        help="with --cache-gb: state bytes / KV bytes of the split (SGLang's "
-                            "default 0.9); in unified mode it fixes the state slot ids")
+                            "default 0.9); in unified mode it fixes max_mamba_cache_size (the running-request cap), while the allocator's slot ids fill the buffer")
     group.add_argument("--kv-tokens", type=positive, default=None,
                        help="explicit form: KV token slots (SGLang max_total_num_tokens)")
     group.add_argument("--mamba-slots", type=positive, default=None,

@@ -27,7 +27,8 @@ import it. The rules, all in ``sglang/srt/mem_cache/kv_cache_configurator.py`` u
   ``unified_memory_pool.init_unified_mamba_pools`` ~1680-1691): the static split above still
   fixes the Mamba slot *ids* (``max_mamba_cache_size``) and the KV token label; the buffer is
   ``floor4096(rest after states) + slots * per_slot`` bytes, one byte pool both sides draw
-  from. ``kv_tokens`` is then what the KV side could hold with no state resident.
+  from. ``kv_tokens`` is then what the KV side could hold with no state resident, and the
+  Mamba allocator gets ``unified_bytes // per_slot - 1`` slot ids (``mamba_slot_ids``).
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ class PoolSizes:
     mode: str                  # "static" | "unified"
     cache_bytes: int           # the budget given (--cache-gb)
     kv_tokens: int             # KV token slots (static); unified: tokens the KV side may hold if states take none
-    mamba_slots: int           # state slots (static) / Mamba slot ids (unified)
+    mamba_slots: int           # state slots: SGLang's max_mamba_cache_size (unified: it caps running requests)
     max_running_requests: int  # SGLang's cap: state slots // slots per request (and its other caps)
     slots_per_request: int     # SGLang's mamba ratio (5 = 3 + 2 tracking slots: extra_buffer, overlap)
     unified_bytes: Optional[int]  # the one buffer's bytes (unified), else None
@@ -57,20 +58,31 @@ class PoolSizes:
     page_size: int = 64
     static_kv_tokens: int = 0  # the static split's KV tokens (unified: SGLang's boot label)
 
+    @property
+    def mamba_slot_ids(self) -> int:
+        """The state slots SGLang's allocator hands out: the static pool's, or under unified
+        memory a buffer full of states (``UnifiedKVPool``: ``total_bytes // entry_bytes``
+        ids, slot 0 reserved; ``unified_memory_pool.py`` ~533-544, ~1382), whatever the
+        static split says; ids run out only after bytes do."""
+        if self.mode == "unified":
+            return self.unified_bytes // self.state_bytes - 1
+        return self.mamba_slots
+
     def describe(self) -> str:
         head = (f"{self.mode} pools from {self.cache_bytes / GB:g} GB "
                 f"(--mamba-full-memory-ratio {self.mamba_full_memory_ratio:g})")
         if self.mode == "unified":
             return (f"{head}: one {self.unified_bytes / GB:.2f} GB buffer, up to "
                     f"{self.kv_tokens:,} KV tokens if no state is resident, "
-                    f"{self.mamba_slots:,} state slot ids, max running requests "
-                    f"{self.max_running_requests:,} ({self.slots_per_request} slots each)")
+                    f"{self.mamba_slot_ids:,} state slot ids, max running requests "
+                    f"{self.max_running_requests:,} ({self.slots_per_request} slots each, "
+                    f"of the static split's {self.mamba_slots:,})")
         return (f"{head}: {self.kv_tokens:,} KV tokens, {self.mamba_slots:,} state slots, "
                 f"max running requests {self.max_running_requests:,} "
                 f"({self.slots_per_request} slots each)")
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "mamba_slot_ids": self.mamba_slot_ids}
 
 
 def slots_per_request(extra_buffer: bool = True, overlap: bool = True,

@@ -12,7 +12,9 @@ LABELS = {"stock": "stock", "marconi": f"marconi (alpha {ALPHA:g})", "marconi+":
 
 def _pools(p: dict) -> str:
     if p["mode"] == "unified":
-        return f"{p['unified_bytes'] / 2**30:.1f} GiB buffer, {p['mamba_slots']:,} ids"
+        # SGLang's allocator: a buffer full of state ids (older JSON lacks the field)
+        ids = p.get("mamba_slot_ids", p["mamba_slots"])
+        return f"{p['unified_bytes'] / 2**30:.1f} GiB buffer, {ids:,} ids"
     return f"{p['kv_tokens']:,} KV tok, {p['mamba_slots']:,} states"
 
 

@@ -32,8 +32,9 @@ class ServeSetup:
 
 def pool_config(sizes, max_context_len: int, chunked_prefill_size: int = 8192,
                 mamba_track_interval: int = 256) -> PoolConfig:
-    """The CPU pools for SGLang's ``PoolSizes`` (unified mode: the slot ids and the KV
-    tokens the buffer could hold; the buffer itself is ``ServeSetup.unified``)."""
+    """The CPU pools for SGLang's ``PoolSizes`` (unified mode: ``max_mamba_cache_size`` and
+    the KV tokens the buffer could hold; the buffer itself, and from it the allocator's
+    slot ids, is ``ServeSetup.unified``)."""
     return PoolConfig(kv_tokens=sizes.kv_tokens, mamba_slots=sizes.mamba_slots,
                       page_size=sizes.page_size, max_context_len=max_context_len,
                       max_running_requests=sizes.max_running_requests,
