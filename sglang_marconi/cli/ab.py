@@ -6,8 +6,14 @@ import argparse
 import json
 import sys
 
+from sglang_marconi.cli.common import run_with_sglang
+from sglang_marconi.cli.pool_flags import (add_pool_arguments, describe_pools, pool_summary,
+                                           resolve_pools)
 from sglang_marconi.errors import UserError
+from sglang_marconi.model import resolve_model
 from sglang_marconi.policy import defaults
+from sglang_marconi.sglang_integration.options import MarconiSettings, parse_alpha, parse_alphas
+from sglang_marconi.sim.traces import read_trace
 
 CACHE_NAMES = ("stock", "stock-python", "marconi", "marconi+", "marconi-paper")
 DEFAULT_CACHES = ("stock", "stock-python", "marconi")
@@ -46,8 +52,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model = parser.add_mutually_exclusive_group(required=True)
     model.add_argument("--model", metavar="PRESET", help="model preset (cost model)")
     model.add_argument("--config", metavar="PATH", help="HF config.json (cost model)")
-    from sglang_marconi.cli.pool_flags import add_pool_arguments
-
     add_pool_arguments(parser, _positive)
     parser.add_argument("--page-size", type=_positive, default=64)
     parser.add_argument("--chunked-prefill-size", type=_positive, default=8192)
@@ -112,12 +116,6 @@ def _caches(text: str) -> tuple:
 
 
 def _settings(args):
-    from sglang_marconi.sglang_integration.options import (
-        MarconiSettings,
-        parse_alpha,
-        parse_alphas,
-    )
-
     try:
         return MarconiSettings(alpha=parse_alpha(args.marconi_alpha),
                                bootstrap_multiplier=args.marconi_bootstrap_multiplier,
@@ -184,17 +182,13 @@ def format_table(results: dict) -> str:
 
 
 def run(args) -> int:
-    from sglang_marconi.cli.common import run_with_sglang
-
     return run_with_sglang(_run, args)
 
 
 def _run(args) -> int:
-    from sglang_marconi.model import resolve_model
-    from sglang_marconi.harness.ab import ABConfig, run_ab, to_replay_requests
+    # torch and sglang: only for a run, not for --help
     from sglang_marconi.driver.pools import PoolConfig
-    from sglang_marconi.sim.traces import read_trace
-    from sglang_marconi.cli.pool_flags import describe_pools, pool_summary, resolve_pools
+    from sglang_marconi.harness.ab import ABConfig, run_ab, to_replay_requests
 
     caches = _caches(args.caches)
     settings = _settings(args)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from sglang_marconi.driver.sizing import size_pools
 from sglang_marconi.errors import UserError
 
 
@@ -37,8 +38,7 @@ def add_pool_arguments(parser, positive) -> None:
 
 def resolve_pools(args, spec):
     """(kv_tokens, mamba_slots, PoolSizes or None, UnifiedConfig or None) from the flags."""
-    from sglang_marconi.driver.sizing import size_pools
-    from sglang_marconi.driver.unified_pools import UnifiedConfig
+    from sglang_marconi.driver.unified_pools import UnifiedConfig  # torch, sglang
 
     explicit = args.kv_tokens is not None or args.mamba_slots is not None
     if args.cache_gb is not None and explicit:

@@ -15,6 +15,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+import psutil
 import pytest
 
 HERE = Path(__file__).resolve().parent
@@ -92,8 +93,6 @@ class ServerFarm:
 
 
 def _alive(pid: int) -> bool:
-    import psutil
-
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:

@@ -17,6 +17,7 @@ import pytest
 import requests
 
 from live_configs import page_size
+from sglang_marconi.cli.main import main as sglang_marconi_cli
 from streams import (CHUNKED_PREFILL, KV_TOKENS, MAMBA_SLOTS, TRACK_INTERVAL, run_stream,
                      write_session_trace)
 
@@ -26,8 +27,6 @@ GRID = 64  # the checkpoint grid: lcm(FLA / Mamba2 chunk 64, page 1 or 16)
 def _replay(cfg, server, record, tmp_path) -> list:
     """``sglang_marconi ab`` (the CLI's code, in this process) on the recorded stream with
     the server's own pool sizes and settings; the cache's hits per request."""
-    from sglang_marconi.cli.main import main
-
     info = server.server_info()
     model, buffer, policy = cfg
     trace = write_session_trace(record, tmp_path / "stream.jsonl")
@@ -41,7 +40,7 @@ def _replay(cfg, server, record, tmp_path) -> list:
             "--caches", policy, "--json", "--per-request", "--no-progress"]
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert main(argv) == 0
+        assert sglang_marconi_cli(argv) == 0
     return json.loads(out.getvalue())["caches"][policy]["hit_tokens_per_request"]
 
 

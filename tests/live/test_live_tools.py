@@ -13,9 +13,11 @@ import sys
 import time
 
 import pytest
+import sglang as sgl
 
-from live_configs import LAST
+from live_configs import LAST, server_args
 from server import LiveServer, live_env
+from streams import KV_TOKENS, MAMBA_SLOTS, MAX_RUNNING, run_stream
 
 # the server the last configuration left up: Qwen3-Next, extra_buffer + overlap, marconi
 FORK_CFG = BENCH_CFG = LAST
@@ -44,8 +46,6 @@ def test_bench_serving_generated_shared_prefix(farm, tmp_path):
 def test_sglang_function_fork_program(farm):
     """The frontend language: a shared prefix, a fork into branches, gen in each; the
     branches' calls after the first find the shared prefix cached."""
-    import sglang as sgl
-
     server = farm.get(FORK_CFG)
 
     @sgl.function
@@ -77,9 +77,6 @@ def test_unified_memory_serves(farm):
     cache ranks KV and states together, the scripted stream hits where states are, and
     SGLang's idle leak check stays silent. (Not compared with ``ab``: ab sizes a unified
     buffer from --cache-gb, not from a server's token caps.)"""
-    from live_configs import server_args
-    from streams import KV_TOKENS, MAMBA_SLOTS, MAX_RUNNING, run_stream
-
     args = [*server_args("qwen3_next", "extra_buffer", "marconi+"),
             "--enable-unified-memory", "--attention-backend", "triton"]
     server = LiveServer(farm.models["qwen3_next"], args, max_total_tokens=KV_TOKENS,

@@ -33,6 +33,8 @@ from __future__ import annotations
 import logging
 import os
 
+from sgl_kernel import STAND_INS, ops  # the stand-in package beside this one
+
 logger = logging.getLogger("marconi_cpu_testkit")
 
 FORWARDS = (
@@ -48,8 +50,6 @@ class _SglKernelOps:
     """``torch.ops.sgl_kernel``: loud stand-ins for the ops read at import, absent others."""
 
     def __getattr__(self, name):
-        from sgl_kernel import STAND_INS, ops  # the stand-in package beside this one
-
         if name in STAND_INS["sgl_kernel.ops"]:
             return getattr(ops, name)
         raise AttributeError(f"torch.ops.sgl_kernel.{name} (absent in the CPU test server)")
@@ -89,7 +89,7 @@ def register() -> None:
     global _done
     if _done or os.environ.get("MARCONI_CPU_TESTKIT") != "1":
         return
-    import torch
+    import torch  # heavy, and only in a process that serves with the test kit on
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     original_get_device_module = torch.get_device_module
