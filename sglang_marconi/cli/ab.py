@@ -34,6 +34,9 @@ ROWS = (  # (label, key, format)
     ("bookkeeping ms max request", "bookkeeping_ms_max_request", "{:.2f}"),
     ("longest cache call ms", "bookkeeping_ms_max", "{:.2f}"),
     ("wall seconds", "wall_seconds", "{:.1f}"),
+    # the collector's pauses during the run (the trace frozen out of it), not bookkeeping
+    ("GC collections", "gc_collections", "{:,}"),
+    ("GC pause max s", "gc_pause_s_max", "{:.3f}"),
 )
 
 

@@ -22,7 +22,7 @@ from sglang_marconi.policy import defaults
 from sglang_marconi.sglang_integration.options import MarconiSettings
 from sglang_marconi.driver.pools import PoolConfig, build_cache
 from sglang_marconi.driver.replay import Replayer, ReplayRequest
-from sglang_marconi.harness.timing import CallTimer, quantile
+from sglang_marconi.harness.timing import CallTimer, GCPauses, quantile
 
 # name -> (tree core, marconi?)
 CACHES = {
@@ -115,26 +115,32 @@ def run_one(name: str, requests: list, cfg: ABConfig,
     """Replay ``requests`` through a fresh cache ``name``; returns its column of numbers."""
     cache, _, _ = make_cache(name, cfg)
     counters = instrument(cache)
-    calls = CallTimer(cache)
+    pauses = GCPauses()
+    calls = CallTimer(cache, pauses)
     replayer = Replayer(cache, chunked_prefill_size=cfg.pools.chunked_prefill_size)
     spec = cfg.spec
     hit = inp = 0
     saved = total_flops = 0.0
     peak_kv = peak_mamba = 0
     times, hits = [], []
-    t0 = time.perf_counter()
-    for rr in requests:
-        out = replayer.run(rr)
-        hits.append(out.hit_len)
-        inp += out.input_len
-        hit += out.hit_len
-        saved += spec.flops_saved(out.hit_len, 0)
-        total_flops += spec.prefill_flops(out.input_len)
-        peak_kv, peak_mamba = max(peak_kv, out.peak_kv_used), max(peak_mamba, out.peak_mamba_used)
-        times.append(out.seconds)
-        if progress is not None:
-            progress(1)
-    wall = time.perf_counter() - t0
+    with pauses:
+        t0 = time.perf_counter()
+        for rr in requests:
+            gc0 = pauses.total
+            out = replayer.run(rr)
+            # the cache's own time: the collector's pauses during the request are reported
+            # apart (gc_*), not as bookkeeping
+            times.append(max(0.0, out.seconds - (pauses.total - gc0)))
+            hits.append(out.hit_len)
+            inp += out.input_len
+            hit += out.hit_len
+            saved += spec.flops_saved(out.hit_len, 0)
+            total_flops += spec.prefill_flops(out.input_len)
+            peak_kv = max(peak_kv, out.peak_kv_used)
+            peak_mamba = max(peak_mamba, out.peak_mamba_used)
+            if progress is not None:
+                progress(1)
+        wall = time.perf_counter() - t0
     result = {
         "cache": type(cache).__name__,
         "tree_core": type(cache.tree_core).__name__,
@@ -159,6 +165,7 @@ def run_one(name: str, requests: list, cfg: ABConfig,
         "bookkeeping_ms_max": 1000 * calls.max,
         "bookkeeping_call_ms_p99": 1000 * quantile(calls.seconds, 0.99),
         "wall_seconds": wall,
+        **pauses.as_dict(),
     }
     if per_request:
         result["hit_tokens_per_request"] = hits

@@ -1,10 +1,13 @@
 """Timing primitives for the cache bookkeeping measurements: ``quantile``, the nearest-rank
 quantile of per-request times (the A/B's columns in ``harness.ab`` and the benchmark in
-``reports.overhead``), and ``EvictTimer``, which wraps a cache's ``_evict`` to count and
-time its eviction calls. A leaf: it imports nothing of the package, so ``harness.ab`` and
-the benchmark can both use it."""
+``reports.overhead``), ``EvictTimer``, which wraps a cache's ``_evict`` to count and
+time its eviction calls, and ``GCPauses``, which measures the garbage collector's pauses
+so that a cache's own time can be told from the collections of the replay's heap. A leaf:
+it imports nothing of the package, so ``harness.ab``, serve-sim and the benchmark can all
+use it."""
 from __future__ import annotations
 
+import gc
 import time
 
 
@@ -39,17 +42,62 @@ class EvictTimer:
         cache._evict = timed
 
 
+class GCPauses:
+    """The collector's pauses while installed (``gc.callbacks``): count, longest, total.
+
+    ``total`` only grows, so a timed call subtracts ``total`` read at its end minus at its
+    start to keep its own time. ``freeze=True`` moves every object alive now (the trace,
+    the other runs' leftovers) to the permanent generation for the duration, as a server's
+    scheduler process holds no trace: collections then scan only what the run allocates.
+    """
+
+    def __init__(self, freeze: bool = True):
+        self.count = 0
+        self.max = 0.0
+        self.total = 0.0
+        self._start = None
+        self._freeze = freeze
+
+    def _callback(self, phase, info) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        elif self._start is not None:
+            pause = time.perf_counter() - self._start
+            self._start = None
+            self.count += 1
+            self.total += pause
+            self.max = max(self.max, pause)
+
+    def __enter__(self) -> "GCPauses":
+        if self._freeze:
+            gc.collect()
+            gc.freeze()
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self._callback)
+        if self._freeze:
+            gc.unfreeze()
+
+    def as_dict(self) -> dict:
+        return {"gc_collections": self.count, "gc_pause_s_max": self.max,
+                "gc_pause_s_total": self.total}
+
+
 class CallTimer:
     """Wraps the cache methods the scheduler calls (``CALLS``) and keeps the wall time of
     each outermost call (a call made inside another is part of it): ``max`` is the longest
-    single cache call, alpha tuning included (it runs inside ``on_release``)."""
+    single cache call, alpha tuning included (it runs inside ``on_release``). With
+    ``gc_pauses`` the collector's pauses inside a call are not the call's time."""
 
     CALLS = ("match_prefix", "lock", "unlock", "checkpoint", "evict", "evict_for_alloc",
              "free_kv_row", "on_release")
 
-    def __init__(self, cache):
+    def __init__(self, cache, gc_pauses: GCPauses | None = None):
         self.seconds = []
         self._depth = 0
+        self._gc = gc_pauses
         for name in self.CALLS:
             if hasattr(cache, name):
                 setattr(cache, name, self._wrap(getattr(cache, name)))
@@ -60,10 +108,14 @@ class CallTimer:
                 return inner(*args, **kwargs)
             self._depth += 1
             t0 = time.perf_counter()
+            gc0 = self._gc.total if self._gc is not None else 0.0
             try:
                 return inner(*args, **kwargs)
             finally:
-                self.seconds.append(time.perf_counter() - t0)
+                own = time.perf_counter() - t0
+                if self._gc is not None:
+                    own -= self._gc.total - gc0
+                self.seconds.append(max(0.0, own))
                 self._depth -= 1
 
         return timed

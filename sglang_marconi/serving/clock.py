@@ -5,20 +5,25 @@ and allocation helpers make into it) with ``time.perf_counter``; nested calls ar
 once. ``take()`` returns the seconds spent inside the cache since the previous ``take()``.
 With ``enabled=False`` nothing is wrapped and ``take()`` is always 0: the replay is then
 fully deterministic (the tests run so); with it on, the virtual clock includes this
-machine's measured bookkeeping time, so TTFTs vary slightly from run to run.
+machine's measured bookkeeping time, so TTFTs vary slightly from run to run. The
+garbage collector's pauses inside a call (``gc_pauses``, the replay's own heap: a server's
+scheduler holds no trace) are not the cache's time: they are subtracted and reported apart.
 """
 from __future__ import annotations
 
 import functools
 import time
 
+from sglang_marconi.harness.timing import GCPauses
+
 ENTRY_POINTS = ("match_prefix", "checkpoint", "evict", "insert", "inc_lock_ref",
                 "dec_lock_ref", "lock", "unlock", "free_kv_row", "on_release")
 
 
 class CacheTimer:
-    def __init__(self, cache, enabled: bool = True):
+    def __init__(self, cache, enabled: bool = True, gc_pauses: GCPauses | None = None):
         self.enabled = enabled
+        self.gc = gc_pauses
         self._depth = 0
         self._seconds = 0.0
         if enabled:
@@ -32,12 +37,16 @@ class CacheTimer:
             outer = not self._depth
             self._depth += 1
             t0 = time.perf_counter() if outer else 0.0
+            gc0 = self.gc.total if outer and self.gc is not None else 0.0
             try:
                 return fn(*args, **kwargs)
             finally:
                 self._depth -= 1
                 if outer:
-                    self._seconds += time.perf_counter() - t0
+                    own = time.perf_counter() - t0
+                    if self.gc is not None:
+                        own -= self.gc.total - gc0
+                    self._seconds += max(0.0, own)
         return timed
 
     def take(self) -> float:

@@ -54,6 +54,8 @@ def summarize(sched, spec, cache: str, load, wall_s: float) -> dict:
         "bookkeeping_ms_per_step_p99": 1000 * quantile([s.cache_s for s in steps], 0.99),
         "bookkeeping_ms_per_step_max": 1000 * max((s.cache_s for s in steps), default=0.0),
         "bookkeeping_s_total": sum(s.cache_s for s in steps),
+        # the replay heap's collections (not the cache's time; a server holds no trace)
+        **sched.gc.as_dict(),
         "steps": len(steps),
         "makespan_s": sched.now,
         "wall_s": wall_s,

@@ -36,6 +36,7 @@ from unittest import mock
 import torch
 
 from sglang_marconi.driver.replay import Replayer, _output_token
+from sglang_marconi.harness.timing import GCPauses
 from sglang_marconi.serving.clock import CacheTimer
 
 
@@ -98,7 +99,8 @@ class ServingScheduler:
         self.model_config = types.SimpleNamespace(
             is_encoder_decoder=False, vocab_size=1 << 62,
             hf_text_config=types.SimpleNamespace(mamba_chunk_size=cfg.mamba_chunk_size))
-        self.timer = CacheTimer(cache, cfg.measure_bookkeeping)
+        self.gc = GCPauses()  # the replay heap's collections, apart from the cache's time
+        self.timer = CacheTimer(cache, cfg.measure_bookkeeping, self.gc)
         self.after_step = after_step
         order = sorted(range(len(requests)), key=lambda i: (arrivals[i], i))
         self.pending = [(arrivals[i], requests[i]) for i in reversed(order)]  # a stack
@@ -153,11 +155,12 @@ class ServingScheduler:
 
     def run(self, progress=None) -> None:
         reported = 0
-        while not self.done():
-            self.step()
-            if progress is not None and self.completed != reported:
-                progress(self.completed - reported)
-                reported = self.completed
+        with self.gc:
+            while not self.done():
+                self.step()
+                if progress is not None and self.completed != reported:
+                    progress(self.completed - reported)
+                    reported = self.completed
 
     def _idle(self, ignore_waiting: bool = False) -> bool:
         return ((ignore_waiting or not self.waiting) and self.chunked_req is None
