@@ -12,9 +12,15 @@ The single home of the rule; the simulator and the SGLang cache both call ``plan
 - At most ``max_states`` new checkpoints per request, the branch point first.
 
 The ``block`` rule is the vLLM+ baseline: a checkpoint at every block boundary.
+
+The ``sglang_*`` rules are stock SGLang's (``--mamba-radix-cache-strategy extra_buffer``):
+a state at every chunked-prefill boundary (the branch point instead when it falls inside a
+chunk), the last chunk's state, and the last decode-track snapshot; the simulator's
+``sglang`` baseline (``policy.stock``) takes its states there.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -66,3 +72,96 @@ def plan_block_checkpoints(input_len: int, output_len: int, hit_len: int, block:
     start = _floor(hit_len, block) + block
     positions = tuple(range(start, end + 1, block))
     return AdmissionPlan(positions, positions[-1] if positions else 0, 0)
+
+
+# -- stock SGLang 0.5.23, ``--mamba-radix-cache-strategy extra_buffer`` ----------------------------
+# Where stock SGLang takes the states it publishes (the simulator's ``sglang`` baseline,
+# ``policy.stock``). Paths are relative to the installed ``sglang/srt/``.
+
+def sglang_grid(page: int, mamba_chunk: int = 64) -> int:
+    """The checkpoint grid: ``lcm(mamba chunk, page)`` (``runtime_context.
+    mamba_checkpoint_grid``; 64 is the FLA chunk of the hybrid models)."""
+    return math.lcm(mamba_chunk, page)
+
+
+def sglang_track_grid(grid: int, track_interval: int) -> int:
+    """The decode-track grid: ``lcm(grid, --mamba-track-interval)``
+    (``runtime_context.mamba_track_grid``)."""
+    return math.lcm(grid, track_interval)
+
+
+def sglang_branch_point(kv_len: int, hit_len: int, grid: int) -> int:
+    """SGLang's branch rule (``MambaComponent.finalize_match_result_in_tree_core``): the KV
+    match floored to the grid, when it lies beyond the deepest reusable state (the hit);
+    0: no branch point."""
+    branch = _floor(kv_len, grid)
+    return branch if branch > hit_len else 0
+
+
+def sglang_chunk_end(prefix_len: int, input_len: int, chunk: int, page: int, grid: int) -> int:
+    """Where the prefill chunk that starts at ``prefix_len`` ends (``PrefillAdder``): the
+    rest of the input when it fits in ``chunk`` tokens (``--chunked-prefill-size``), else a
+    truncated chunk floored to the page and the grid. ``chunk`` <= 0: chunked prefill off
+    (the server's -1), one chunk."""
+    if chunk <= 0 or input_len - prefix_len <= chunk:
+        return input_len
+    n = _floor(chunk, page)
+    return prefix_len + (_floor(n, grid) or n)
+
+
+def sglang_chunk_snapshot(prefix_len: int, end: int, branch_len: int, grid: int) -> int:
+    """The state a prefill chunk ``[prefix_len, end)`` snapshots
+    (``ScheduleBatch._mamba_radix_cache_v2_req_prepare_for_extend``): the branch point when
+    it falls strictly inside the chunk, else the chunk's end floored to the grid (relative
+    to the chunk's start); 0 when the chunk is shorter than the grid (no snapshot)."""
+    ext = end - prefix_len
+    if ext < grid:
+        return 0
+    if branch_len and prefix_len < branch_len < end:
+        return branch_len
+    return prefix_len + _floor(ext, grid)
+
+
+def sglang_prefill_chunks(input_len: int, hit_len: int, branch_len: int, chunk: int,
+                          page: int, grid: int) -> list:
+    """The prefill of a request as SGLang chunks it: ``[(start, end, snapshot), ...]`` from
+    the hit to the end of the input (snapshot 0: the chunk takes none)."""
+    out, start = [], hit_len
+    while True:
+        end = sglang_chunk_end(start, input_len, chunk, page, grid)
+        out.append((start, end, sglang_chunk_snapshot(start, end, branch_len, grid)))
+        if end >= input_len:
+            return out
+        start = end
+
+
+def sglang_decode_snapshot(input_len: int, output_len: int, track_grid: int) -> int:
+    """The last decode-track snapshot (0: none): the last multiple of the track grid among
+    the positions ``input_len + 1 .. input_len + output_len - 1`` (KV exists for input +
+    output - 1 tokens; ``SchedulerBatchResultProcessor`` tracks when ``kv_committed_len``
+    reaches the grid). At finish SGLang publishes only the last tracked snapshot
+    (``MambaComponent._select_finished_checkpoint``)."""
+    last = _floor(input_len + max(0, output_len - 1), track_grid)
+    return last if last > input_len else 0
+
+
+def plan_sglang_checkpoints(input_len: int, output_len: int, hit_len: int, branch_len: int,
+                            chunk: int = 8192, page: int = 64, grid: int = 64,
+                            track_grid: int = 256) -> AdmissionPlan:
+    """Every state stock SGLang publishes for one request, and the KV its tree keeps.
+
+    - each unfinished prefill chunk publishes its snapshot (``checkpoint_kv_cache``);
+    - the last chunk's snapshot is published too: when the prefill completes if the
+      request goes on to decode (``process_batch_result_prefill``), else at finish;
+    - at finish the last decode-track snapshot, if any;
+    - the tree keeps the sequence only up to the last published state.
+
+    ``branch_len``: ``sglang_branch_point`` of the request's match (0: none)."""
+    positions = [s for _, _, s in sglang_prefill_chunks(input_len, hit_len, branch_len, chunk,
+                                                        page, grid) if s]
+    decode = sglang_decode_snapshot(input_len, output_len, track_grid)
+    if decode:
+        positions.append(decode)
+    cached = positions[-1] if positions else 0
+    return AdmissionPlan(tuple(positions), cached,
+                         branch_len if branch_len and branch_len in positions else 0)

@@ -2,6 +2,14 @@
 
 ``NAME[:key=value[:key=value...]]``, e.g. ``marconi:alpha=0.5``, ``vllm+:block=64``.
 
+- ``sglang``: stock SGLang 0.5.23 as a server runs it (``extra_buffer``, one byte budget:
+  the unified buffer), see ``policy.stock``: a state at every chunked-prefill boundary
+  (``chunk``, --chunked-prefill-size, 8192; -1: off), SGLang's branch rule on the checkpoint grid
+  lcm(64, ``page``) (--page-size, 64), the last prefill chunk's state, the last
+  decode-track snapshot (``track``, --mamba-track-interval, 256), LRU over the tree's
+  leaves; ``overlap=1``: the running request holds the second tracking slot of SGLang's
+  overlap scheduler (default 0, as ``ab`` replays). Takes no ``max_states`` and ignores
+  the simulator's ``--grid``.
 - ``vllm+``: a state at every ``block``-token boundary (32), LRU eviction.
 - ``sglang+``: Marconi admission, LRU eviction (alpha 0).
 - ``marconi``: Marconi admission, FLOP-aware eviction, alpha tuned by bootstrap (``alpha=auto``,
@@ -17,7 +25,7 @@
 - ``offline``: knows the future (see ``policy.offline``): Belady-style eviction weighted by
   FLOPs saved per byte, end states kept only if reused later, the ghost index. A heuristic
   reference, not an optimum.
-Options every policy takes: ``max_states`` (per request, default 2).
+Options every policy but ``sglang`` takes: ``max_states`` (per request, default 2).
 """
 from __future__ import annotations
 
@@ -149,7 +157,17 @@ def _marconi_plus(p, spec, cap, grid):
                        end_threshold=threshold, **_common(p))
 
 
+def _sglang(p, spec, cap, grid):
+    from sglang_marconi.policy.stock import StockSGLangCache
+
+    return StockSGLangCache(spec, cap, chunk=_number(p, "chunk", int, 8192),
+                            track=_number(p, "track", int, 256, 1),
+                            page=_number(p, "page", int, 64, 1),
+                            tracking_slots=2 if _number(p, "overlap", int, 0, 0) else 1)
+
+
 POLICY_BUILDERS = {
+    "sglang": _sglang,
     "vllm+": lambda p, spec, cap, grid: PrefixCache(
         spec, cap, alpha=0.0, admission="block", block=_number(p, "block", int, 32, 1), grid=grid,
         **_common(p)),
@@ -164,6 +182,7 @@ POLICY_BUILDERS = {
     "offline": None,  # built by build_cache: it needs the trace
 }
 POLICY_OPTIONS = {
+    "sglang": ("chunk", "track", "page", "overlap"),
     "vllm+": ("block", "max_states"),
     "sglang+": ("max_states",),
     "marconi": ("alpha", "k", "max_states", "alphas", "window", "period", "hysteresis",

@@ -64,7 +64,7 @@ def summarize(cache, trace, hits, spec, latency, wall) -> dict:
         "ttft_p95_s": float(np.percentile(ttft, 95)),
         "short_token_hit_rate": _rate(hits[~long], lens[~long]),
         "long_token_hit_rate": _rate(hits[long], lens[long]),
-        "alpha": None if cache.tree.queue.mode == "gdsf" else cache.alpha,
+        "alpha": _alpha(cache),
         "wall_s": wall,
     }
     tuner = getattr(cache, "tuner", None)
@@ -72,6 +72,12 @@ def summarize(cache, trace, hits, spec, latency, wall) -> dict:
         out["alpha_tuned"] = tuner.tuned
         out["alpha_scores"] = {str(a): s for a, s in tuner.scores.items()}
     return out
+
+
+def _alpha(cache):
+    """The alpha in use (None for marconi+'s GDSF ranking, which has none)."""
+    tree = getattr(cache, "tree", None)
+    return None if tree is not None and tree.queue.mode == "gdsf" else cache.alpha
 
 
 def _rate(hits, lens) -> float | None:
