@@ -23,7 +23,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from sglang_marconi.driver.sizing import size_pools  # noqa: E402
+from sglang_marconi.model import resolve_model  # noqa: E402
 from sglang_marconi.reports import baseline_agreement as agreement  # noqa: E402
+from sglang_marconi.sim.traces import read_trace  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -39,10 +42,6 @@ def main(argv=None) -> int:
     ap.add_argument("--page-size", type=int, default=64)
     ap.add_argument("--json", action="store_true", help="print the comparison as JSON")
     args = ap.parse_args(argv)
-
-    from sglang_marconi.driver.sizing import size_pools
-    from sglang_marconi.model import resolve_model
-    from sglang_marconi.sim.traces import read_trace
 
     spec = resolve_model(args.model, None)
     sizes = size_pools(spec, args.cache_gb, "unified", page_size=args.page_size)

@@ -12,6 +12,15 @@ import json
 
 import numpy as np
 import pytest
+from cli_helper import run_cli
+
+from sglang_marconi.cli import ab as ab_cli
+from sglang_marconi.cli import sim as sim_cli
+from sglang_marconi.driver.sizing import size_pools
+from sglang_marconi.model import preset_spec
+from sglang_marconi.reports import baseline_agreement as agreement
+from sglang_marconi.sim.generators import generate
+from sglang_marconi.sim.traces import read_trace, write_sessions
 
 from sglang_marconi.policy.admission import (plan_sglang_checkpoints, sglang_branch_point,
                                              sglang_chunk_end, sglang_chunk_snapshot,
@@ -179,7 +188,6 @@ def test_lru_over_leaves_a_hit_refreshes_the_consumed_state_not_its_subtree(pape
 
 
 def test_running_request_never_exceeds_the_budget(paper_spec):
-    from sglang_marconi.sim.generators import generate
 
     trace = generate("agent", seed=3, sessions=3, min_turns=8, max_turns=10)
     longest = max(r.input_len + r.output_len for r in trace.requests)
@@ -200,8 +208,6 @@ def test_policy_options_reach_the_cache(paper_spec):
 
 
 def test_simulator_runs_the_policy():
-    from cli_helper import run_cli
-    from sglang_marconi.cli import sim as sim_cli
 
     text = run_cli(sim_cli, "--workload", "chat", "--param", "sessions=6", "--policies",
                    "sglang,sglang+", "--capacity", "2GB", "--json", "--no-progress")
@@ -213,12 +219,6 @@ def test_simulator_runs_the_policy():
 
 # ---- agreement with ab's stock SGLang -----------------------------------------------------------
 def _agreement(trace_path, cache_gb, limit=None, model="paper-7b"):
-    from cli_helper import run_cli
-    from sglang_marconi.cli import ab as ab_cli
-    from sglang_marconi.driver.sizing import size_pools
-    from sglang_marconi.model import preset_spec
-    from sglang_marconi.reports import baseline_agreement as agreement
-    from sglang_marconi.sim.traces import read_trace
 
     spec = preset_spec(model)
     capacity = agreement.sim_capacity(size_pools(spec, cache_gb, "unified"))
@@ -243,8 +243,6 @@ def test_agrees_with_ab_stock_on_reused_outputs_and_branches(tmp_path):
     """A chat trace: outputs reused by the next turn, branch points off the 512-token
     blocks of Mooncake, several chunks per request, a buffer that evicts."""
     pytest.importorskip("sglang")
-    from sglang_marconi.sim.generators import generate
-    from sglang_marconi.sim.traces import write_sessions
 
     path = tmp_path / "chat.jsonl"
     write_sessions(generate("chat", seed=1, sessions=8, max_len=30000, user_median=2500,

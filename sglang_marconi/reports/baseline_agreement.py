@@ -15,6 +15,7 @@ points, the share of requests whose hits are identical, and the requests that di
 """
 from __future__ import annotations
 
+from sglang_marconi.policy.stock import StockSGLangCache
 from sglang_marconi.reports.formatting import table, text_table
 
 TARGET_PP = 0.5         # issue 18: within 0.5 percentage points of FLOPs saved
@@ -45,8 +46,6 @@ def ab_argv(trace_path, model: str, cache_gb: float, limit: int | None = None,
 def simulate(trace, spec, capacity: int, chunk: int = 8192, track: int = 256,
              page: int = 64):
     """The simulator's ``sglang`` on ``trace``: (hits per request, its ``CacheStats``)."""
-    from sglang_marconi.policy.stock import StockSGLangCache
-
     cache = StockSGLangCache(spec, capacity, chunk=chunk, track=track, page=page)
     hits = [cache.process(r.input_tokens, r.full_tokens) for r in trace.requests]
     return hits, cache.stats

@@ -29,11 +29,15 @@ Options every policy but ``sglang`` takes: ``max_states`` (per request, default 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from sglang_marconi.errors import UserError
 from sglang_marconi.policy import defaults
 from sglang_marconi.policy.cache import PrefixCache
+from sglang_marconi.policy.likelihood import ReuseWeight
+from sglang_marconi.policy.offline import offline_cache
+from sglang_marconi.policy.stock import StockSGLangCache
 
 BASE_POLICIES = ("vllm+", "sglang+", "marconi", "infinite")
 
@@ -105,8 +109,6 @@ def build_cache(policy: PolicySpec, spec, capacity, grid: int = 1, trace=None) -
 
 
 def _offline(p, spec, cap, grid, trace):
-    from sglang_marconi.policy.offline import offline_cache
-
     ghost = _number(p, "ghost", float, defaults.GHOST_FACTOR, 0.0)
     ghost_tokens = ghost_budget(ghost, spec, cap)
     return offline_cache(spec, cap, trace.requests, grid,
@@ -143,10 +145,6 @@ def ghost_budget(ghost: float, spec, cap) -> int | None:
 
 
 def _marconi_plus(p, spec, cap, grid):
-    import math
-
-    from sglang_marconi.policy.likelihood import ReuseWeight
-
     weight = ReuseWeight(branch_bonus=_number(p, "bonus", float, defaults.BRANCH_BONUS, 0.0),
                          half_life=_number(p, "half_life", float, math.inf, 1.0),
                          chain_weight=_number(p, "chain", float, defaults.CHAIN_WEIGHT, 0.0))
@@ -158,8 +156,6 @@ def _marconi_plus(p, spec, cap, grid):
 
 
 def _sglang(p, spec, cap, grid):
-    from sglang_marconi.policy.stock import StockSGLangCache
-
     return StockSGLangCache(spec, cap, chunk=_number(p, "chunk", int, 8192),
                             track=_number(p, "track", int, 256, 1),
                             page=_number(p, "page", int, 64, 1),
