@@ -38,9 +38,20 @@ SGLang's tree and allocator (paths relative to the installed ``sglang/srt/mem_ca
   request still held is freed. ``tracking_slots``: 1 as ``ab`` replays (no overlap
   scheduler), 2 under SGLang's overlap scheduler.
 
+Static pools (SGLang's default layout, ``kv_tokens`` and ``state_slots`` given: ``ab
+--memory static`` or ``--kv-tokens K --mamba-slots S``): a KV token pool of ``kv_tokens``
+slots (whole pages) and a state pool of ``state_slots`` slots; the byte budget is then
+ignored. A KV shortage runs the FULL walk as above. A state shortage runs the MAMBA walk
+(``components/mamba.py``, ``_evict_device_next_node``): SGLang's MAMBA LRU list, a list of
+its own over the nodes holding a state, least recent first, skipping the node the running
+request's lock is anchored on (a MAMBA lock pins that node only; the FULL lock pins the
+path). A node there enters the list (most recent) when an insert ends on it, and moves to
+its head when a match consumes its state; ancestors are not refreshed, and a split leaves
+the state (and its place) with the suffix. The victim, if it is an unlocked leaf, is
+deleted with its KV; otherwise only its state is dropped (a tombstone: its KV stays).
+
 Not modelled: several requests running at once (the simulator replays one at a time),
-HiCache, ``--mamba-max-states-per-path``, SGLang's static two-pool split (``--memory
-static``: a state shortage there runs the MAMBA walk instead).
+HiCache, ``--mamba-max-states-per-path``.
 """
 from __future__ import annotations
 
@@ -61,7 +72,7 @@ MATCH_STAMP_STEP = 0.00001  # an ancestor's stamp after a match: the child's min
 
 class _Node:
     __slots__ = ("id", "parent", "children", "key", "depth", "state", "lock", "stamp",
-                 "alive")
+                 "alive", "anchor", "mstamp")
 
     def __init__(self, node_id: int, parent, key: np.ndarray):
         self.id = node_id
@@ -73,6 +84,8 @@ class _Node:
         self.lock = 0
         self.stamp = 0.0
         self.alive = True
+        self.anchor = 0  # MAMBA locks: the running request's lock is anchored here
+        self.mstamp = 0  # its place in the MAMBA LRU list (static pools)
 
     def __repr__(self) -> str:
         return (f"_Node(id={self.id}, depth={self.depth}, edge={len(self.key)}, "
@@ -97,15 +110,28 @@ class StockSGLangCache:
     ``Request.full_tokens``), so the output length is ``len(full) - len(input) + 1``.
     ``capacity_bytes=None`` is unlimited. ``chunk`` = ``--chunked-prefill-size`` (<= 0: off),
     ``track`` = ``--mamba-track-interval``, ``page`` = ``--page-size``; the checkpoint grid
-    is ``lcm(64, page)``."""
+    is ``lcm(64, page)``. ``kv_tokens`` and ``state_slots`` (both or neither): SGLang's
+    static two pools instead of one byte budget (``capacity_bytes`` is then ignored)."""
 
     alpha = 0.0  # LRU (the runner reports it)
 
     def __init__(self, spec: CostModel, capacity_bytes: int | None = None, *,
                  chunk: int = 8192, track: int = 256, page: int = 64,
-                 tracking_slots: int = 1, record_hits: bool = False):
+                 tracking_slots: int = 1, record_hits: bool = False,
+                 kv_tokens: int | None = None, state_slots: int | None = None):
         if min(track, page) < 1 or tracking_slots < 0:
             raise ValueError("track and page must be >= 1, tracking_slots >= 0")
+        if (kv_tokens is None) != (state_slots is None):
+            raise ValueError("static pools need both kv_tokens and state_slots")
+        self.static = kv_tokens is not None
+        if self.static:
+            if kv_tokens < page or state_slots < 1:
+                raise ValueError("static pools: kv_tokens >= page, state_slots >= 1")
+            capacity_bytes = None
+            self.kv_tokens = kv_tokens // page * page  # the paged allocator's whole pages
+            self.state_slots = state_slots
+        else:
+            self.kv_tokens = self.state_slots = None
         self.spec, self.capacity = spec, capacity_bytes
         self.kv_bytes = int(spec.kv_bytes_per_token)
         self.state_bytes = int(spec.ssm_state_bytes)
@@ -120,6 +146,8 @@ class StockSGLangCache:
         self._ids = itertools.count(1)
         self._clock = 0.0
         self._leaves: list = []  # (stamp, id, node) of leaves, stale entries skipped
+        self._mclock = 0
+        self._states_lru: list = []  # static: (mstamp, id, node) of states, stale skipped
         self.num_nodes = 1
         self.tree_kv_tokens = 0
         self.tree_states = 0
@@ -140,14 +168,22 @@ class StockSGLangCache:
         return float("inf") if self.capacity is None else self.capacity - self._used()
 
     def kv_available(self) -> float:
-        """KV tokens the buffer can hand out now (whole pages)."""
+        """KV tokens the buffer (static: the KV pool) can hand out now (whole pages)."""
+        if self.static:
+            return self.kv_tokens - self.tree_kv_tokens - self._run.pages * self.page
         if self.capacity is None:
             return float("inf")
         page_bytes = self.page * self.kv_bytes
         return self.free_bytes() // page_bytes * self.page
 
+    def states_available(self) -> float:
+        """State slots the buffer (static: the state pool) can hand out now."""
+        if self.static:
+            return self.state_slots - self.tree_states - self._run.slots
+        return self.free_bytes() // self.state_bytes
+
     def _make_room_kv(self, tokens: int) -> None:
-        if self.capacity is None:
+        if self.capacity is None and not self.static:
             return
         while self.kv_available() < tokens:
             if not self._evict_one():
@@ -155,10 +191,11 @@ class StockSGLangCache:
                 return
 
     def _make_room_states(self, slots: int) -> None:
-        if self.capacity is None:
+        if self.capacity is None and not self.static:
             return
-        while self.free_bytes() // self.state_bytes < slots:
-            if not self._evict_one():
+        evict = self._evict_state if self.static else self._evict_one
+        while self.states_available() < slots:
+            if not evict():
                 self.stuck += 1
                 return
 
@@ -189,11 +226,13 @@ class StockSGLangCache:
 
     # ---- locks (the running request's path) -------------------------------------------------
     def _lock(self, node: _Node) -> None:
+        node.anchor += 1
         while node is not self.root:
             node.lock += 1
             node = node.parent
 
     def _unlock(self, node: _Node) -> None:
+        node.anchor -= 1
         while node is not self.root:
             node.lock -= 1
             if node.lock == 0:
@@ -246,6 +285,8 @@ class StockSGLangCache:
             if node.state:
                 best = node
             pos += m
+        if best is not self.root:
+            self._mru_state(best)  # MATCH_END: the consumed state only
         t = self._tick()
         x = best
         while x is not self.root:
@@ -276,6 +317,7 @@ class StockSGLangCache:
             self.stats.states_admitted += 1
             self._stamp(leaf, self._tick())
             self._tick()  # its creation time
+            self._mru_state(leaf)
             return leaf, False
         existed = node.state
         if not existed:
@@ -283,6 +325,7 @@ class StockSGLangCache:
             self.tree_states += 1
             self.stats.states_admitted += 1
         self._stamp(node, self._tick())
+        self._mru_state(node)
         return node, existed
 
     def _evict_one(self) -> bool:
@@ -294,6 +337,45 @@ class StockSGLangCache:
                 self._delete(entry[2])
                 return True
         return False
+
+    # ---- the MAMBA LRU list (static pools) --------------------------------------------------
+    def _mru_state(self, node: _Node) -> None:
+        if not self.static:
+            return
+        self._mclock += 1
+        node.mstamp = self._mclock
+        heapq.heappush(self._states_lru, (node.mstamp, node.id, node))
+        if len(self._states_lru) > 2 * self.num_nodes + 1024:
+            self._states_lru = [e for e in self._states_lru
+                                if e[2].alive and e[2].state and e[2].mstamp == e[0]]
+            heapq.heapify(self._states_lru)
+
+    def _evict_state(self) -> bool:
+        """One step of the MAMBA walk: the least recent state not anchoring a lock; an
+        unlocked leaf goes with its KV, any other node keeps its KV (a tombstone)."""
+        heap, held = self._states_lru, []
+        victim = None
+        while heap:
+            entry = heapq.heappop(heap)
+            stamp, _, node = entry
+            if not (node.alive and node.state and node.mstamp == stamp):
+                continue
+            if node.anchor:
+                held.append(entry)
+                continue
+            victim = node
+            break
+        for entry in held:
+            heapq.heappush(heap, entry)
+        if victim is None:
+            return False
+        if not victim.children and victim.lock == 0:
+            self._delete(victim)
+        else:
+            victim.state = False
+            self.tree_states -= 1
+            self.stats.states_evicted += 1
+        return True
 
     def _delete(self, node: _Node) -> None:
         node.alive = False
@@ -416,5 +498,7 @@ class StockSGLangCache:
             kv += len(x.key)
             states += x.state
         assert (kv, states, nodes) == (self.tree_kv_tokens, self.tree_states, self.num_nodes)
-        if self.capacity is not None:
+        if self.static:
+            assert min(self.kv_available(), self.states_available()) >= 0 or self.stuck
+        elif self.capacity is not None:
             assert self._used() <= self.capacity or self.stuck

@@ -33,20 +33,35 @@ def sim_capacity(sizes) -> int:
     return sizes.unified_bytes // page_bytes * page_bytes - sizes.state_bytes
 
 
+def sim_pools(sizes) -> dict:
+    """``StockSGLangCache`` keyword arguments that give the simulator ``ab``'s pools
+    (``driver.sizing.PoolSizes``): the unified buffer's byte budget (``sim_capacity``), or
+    the static split's two pools (``kv_tokens`` KV token slots, ``mamba_slots`` state
+    slots: SGLang's ``MambaSlotAllocator`` hands out all of them)."""
+    if sizes.mode == "static":
+        return {"capacity_bytes": None, "kv_tokens": sizes.kv_tokens,
+                "state_slots": sizes.mamba_slots}
+    return {"capacity_bytes": sim_capacity(sizes)}
+
+
 def ab_argv(trace_path, model: str, cache_gb: float, limit: int | None = None,
-            chunk: int = 8192, track: int = 256, page: int = 64) -> list:
+            chunk: int = 8192, track: int = 256, page: int = 64,
+            memory: str = "unified") -> list:
     """The ``ab`` command line (after ``python -m sglang_marconi``) the comparison needs."""
     argv = ["ab", "--trace", str(trace_path), "--model", model, "--cache-gb", f"{cache_gb:g}",
-            "--memory", "unified", "--caches", "stock", "--page-size", str(page),
+            "--memory", memory, "--caches", "stock", "--page-size", str(page),
             "--chunked-prefill-size", str(chunk), "--mamba-track-interval", str(track),
             "--json", "--per-request", "--no-progress"]
     return argv + (["--limit", str(limit)] if limit else [])
 
 
-def simulate(trace, spec, capacity: int, chunk: int = 8192, track: int = 256,
-             page: int = 64):
-    """The simulator's ``sglang`` on ``trace``: (hits per request, its ``CacheStats``)."""
-    cache = StockSGLangCache(spec, capacity, chunk=chunk, track=track, page=page)
+def simulate(trace, spec, capacity: int | None, chunk: int = 8192, track: int = 256,
+             page: int = 64, *, kv_tokens: int | None = None,
+             state_slots: int | None = None):
+    """The simulator's ``sglang`` on ``trace``: (hits per request, its ``CacheStats``).
+    ``kv_tokens`` and ``state_slots``: the static pools (``capacity`` ignored)."""
+    cache = StockSGLangCache(spec, capacity, chunk=chunk, track=track, page=page,
+                             kv_tokens=kv_tokens, state_slots=state_slots)
     hits = [cache.process(r.input_tokens, r.full_tokens) for r in trace.requests]
     return hits, cache.stats
 

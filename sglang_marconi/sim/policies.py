@@ -8,7 +8,10 @@
   lcm(64, ``page``) (--page-size, 64), the last prefill chunk's state, the last
   decode-track snapshot (``track``, --mamba-track-interval, 256), LRU over the tree's
   leaves; ``overlap=1``: the running request holds the second tracking slot of SGLang's
-  overlap scheduler (default 0, as ``ab`` replays). Takes no ``max_states`` and ignores
+  overlap scheduler (default 0, as ``ab`` replays). ``kv_tokens=K:state_slots=S`` (both):
+  SGLang's default static two pools instead of the byte budget (a KV pool of K token
+  slots, a state pool of S slots, what ``ab --memory static`` builds; the capacity is then
+  ignored; a state shortage runs SGLang's MAMBA walk). Takes no ``max_states`` and ignores
   the simulator's ``--grid``.
 - ``vllm+``: a state at every ``block``-token boundary (32), LRU eviction.
 - ``sglang+``: Marconi admission, LRU eviction (alpha 0).
@@ -156,10 +159,18 @@ def _marconi_plus(p, spec, cap, grid):
 
 
 def _sglang(p, spec, cap, grid):
+    kv_tokens = _number(p, "kv_tokens", int, None, 1)
+    state_slots = _number(p, "state_slots", int, None, 1)
+    if (kv_tokens is None) != (state_slots is None):
+        raise UserError(f"policy {p.label!r}: static pools need both kv_tokens and "
+                        "state_slots")
+    page = _number(p, "page", int, 64, 1)
+    if kv_tokens is not None and kv_tokens < page:
+        raise UserError(f"policy {p.label!r}: kv_tokens must be >= the page ({page})")
     return StockSGLangCache(spec, cap, chunk=_number(p, "chunk", int, 8192),
-                            track=_number(p, "track", int, 256, 1),
-                            page=_number(p, "page", int, 64, 1),
-                            tracking_slots=2 if _number(p, "overlap", int, 0, 0) else 1)
+                            track=_number(p, "track", int, 256, 1), page=page,
+                            tracking_slots=2 if _number(p, "overlap", int, 0, 0) else 1,
+                            kv_tokens=kv_tokens, state_slots=state_slots)
 
 
 POLICY_BUILDERS = {
@@ -178,7 +189,7 @@ POLICY_BUILDERS = {
     "offline": None,  # built by build_cache: it needs the trace
 }
 POLICY_OPTIONS = {
-    "sglang": ("chunk", "track", "page", "overlap"),
+    "sglang": ("chunk", "track", "page", "overlap", "kv_tokens", "state_slots"),
     "vllm+": ("block", "max_states"),
     "sglang+": ("max_states",),
     "marconi": ("alpha", "k", "max_states", "alphas", "window", "period", "hysteresis",
