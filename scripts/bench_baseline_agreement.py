@@ -1,15 +1,17 @@
 """Issue 18: the simulator's `sglang` baseline against `ab`'s stock SGLang on the same bytes.
 
-Runs `python -m sglang_marconi ab --memory unified --caches stock --per-request` (SGLang's
-own cache on a unified buffer sized from --cache-gb) and the simulator's `sglang` policy
-with the byte budget of that buffer, on the same requests; prints both FLOPs-saved
+Runs `python -m sglang_marconi ab --memory M --caches stock --per-request` (SGLang's own
+cache on the pools a server builds from --cache-gb: M = unified, one byte buffer, or
+static, SGLang's default KV token pool + state pool) and the simulator's `sglang` policy
+on the same pools (unified: the buffer's byte budget; static: `kv_tokens`, `state_slots`),
+on the same requests; `--memory both` (the default) runs both layouts. Prints both FLOPs-saved
 fractions, their difference in percentage points, the share of requests with identical
 hits, the capacity the simulator used and the requests that differ most. Analysis:
 ``sglang_marconi/reports/baseline_agreement.py``. A benchmark, not a test: exits 0 either
 way (tests/test_sglang_baseline.py holds a slice to its bounds).
 
 Usage: python scripts/bench_baseline_agreement.py [--limit N] [--model paper-7b]
-       [--cache-gb 100] [--trace PATH] [--json]
+       [--cache-gb 100] [--memory both|unified|static] [--trace PATH] [--json]
 """
 from __future__ import annotations
 
@@ -40,32 +42,42 @@ def main(argv=None) -> int:
     ap.add_argument("--chunked-prefill-size", type=int, default=8192)
     ap.add_argument("--mamba-track-interval", type=int, default=256)
     ap.add_argument("--page-size", type=int, default=64)
+    ap.add_argument("--memory", choices=("both", "unified", "static"), default="both",
+                    help="the pools' layout: unified (one buffer), static (SGLang's default "
+                         "two pools) or both (default)")
     ap.add_argument("--json", action="store_true", help="print the comparison as JSON")
     args = ap.parse_args(argv)
 
     spec = resolve_model(args.model, None)
-    sizes = size_pools(spec, args.cache_gb, "unified", page_size=args.page_size)
-    capacity = agreement.sim_capacity(sizes)
-    ab = agreement.ab_argv(args.trace, args.model, args.cache_gb, args.limit,
-                           args.chunked_prefill_size, args.mamba_track_interval, args.page_size)
+    trace = read_trace(args.trace).head(args.limit)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    run = subprocess.run([sys.executable, "-m", "sglang_marconi", *ab], cwd=ROOT, env=env,
-                         capture_output=True, text=True)
-    if run.returncode != 0:
-        sys.stderr.write(run.stderr)
-        return run.returncode
-    trace = read_trace(args.trace).head(args.limit)
-    hits, stats = agreement.simulate(trace, spec, capacity, args.chunked_prefill_size,
-                                     args.mamba_track_interval, args.page_size)
-    res = agreement.compare(trace, spec, hits, stats, json.loads(run.stdout), capacity)
+    memories = ("unified", "static") if args.memory == "both" else (args.memory,)
+    results, reports = {}, []
+    for memory in memories:
+        sizes = size_pools(spec, args.cache_gb, memory, page_size=args.page_size)
+        pools = agreement.sim_pools(sizes)
+        capacity = pools.pop("capacity_bytes")
+        ab = agreement.ab_argv(args.trace, args.model, args.cache_gb, args.limit,
+                               args.chunked_prefill_size, args.mamba_track_interval,
+                               args.page_size, memory=memory)
+        run = subprocess.run([sys.executable, "-m", "sglang_marconi", *ab], cwd=ROOT, env=env,
+                             capture_output=True, text=True)
+        if run.returncode != 0:
+            sys.stderr.write(run.stderr)
+            return run.returncode
+        hits, stats = agreement.simulate(trace, spec, capacity, args.chunked_prefill_size,
+                                         args.mamba_track_interval, args.page_size, **pools)
+        res = agreement.compare(trace, spec, hits, stats, json.loads(run.stdout), capacity)
+        results[memory] = res
+        reports.append(agreement.format_report(
+            res, trace_name=Path(args.trace).name, model=args.model, cache_gb=args.cache_gb,
+            ab_command=" ".join(ab), limit=args.limit))
     if args.json:
-        json.dump(res, sys.stdout, indent=2)
+        json.dump(results if len(results) > 1 else results[memories[0]], sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print(agreement.format_report(res, trace_name=Path(args.trace).name, model=args.model,
-                                      cache_gb=args.cache_gb, ab_command=" ".join(ab),
-                                      limit=args.limit))
+        print("\n\n".join(reports))
     return 0
 
 

@@ -4,7 +4,8 @@ its agreement with ``ab``'s stock SGLang on the same bytes.
 
 Agreement measured (``scripts/bench_baseline_agreement.py``): identical hits for every
 request of the bundled trace (paper-7b, 100 GiB unified: 17.601% of prefill FLOPs saved by
-both); the slices below hold that level (any differing request fails).
+both; 100 GiB static, SGLang's default two pools: 11.770% by both); the slices below hold
+that level (any differing request fails).
 """
 from __future__ import annotations
 
@@ -207,6 +208,59 @@ def test_policy_options_reach_the_cache(paper_spec):
     assert (c.chunk, c.page, c.grid, c.track_grid, c.tracking_slots) == (8192, 64, 64, 256, 1)
 
 
+# ---- static pools: the MAMBA walk -----------------------------------------------------------------
+def test_state_shortage_tombstones_inner_states_and_deletes_leaves(paper_spec):
+    c = StockSGLangCache(paper_spec, None, kv_tokens=10**6, state_slots=4)
+    a = _tokens(20000)
+    c.process(a, a)  # states at 8192, 16384 (inner) and 19968 (the leaf)
+    assert _states(c) == [8192, 16384, 19968] and c.tree_kv_tokens == 19968
+    c.check()
+    # a request of its own takes 2 slots (working, tracking), then one more to publish its
+    # 8192: the MAMBA walk drops the least recent states, a's 8192 and 16384, inner
+    # nodes (tombstones: their KV stays)
+    b = _tokens(9000, 10**6)
+    c.process(b, b)
+    assert _states(c) == [8192, 8960, 19968]
+    assert c.tree_kv_tokens == 19968 + 8960 and c.stats.nodes_deleted == 0
+    assert c.stats.states_evicted == 2
+    # a's KV still matches, the hit is its deepest surviving state (refreshed by the
+    # match); the request's tracking slot tombstones b's 8192
+    assert c.process(a, a) == 19968
+    assert _states(c) == [8960, 19968]
+    c.check()
+    # publishing d's 8192 takes b's 8960, an unlocked leaf: deleted with its KV; b's
+    # 8192 stays as KV only
+    d = _tokens(9000, 2 * 10**6)
+    c.process(d, d)
+    assert c.stats.nodes_deleted == 1 and c.tree_kv_tokens == 19968 + 8192 + 8960
+    assert _states(c) == [8192, 8960, 19968]
+    c.check()
+
+
+def test_a_match_refreshes_only_the_consumed_state_in_the_mamba_list(paper_spec):
+    c = StockSGLangCache(paper_spec, None, kv_tokens=10**6, state_slots=6)
+    a, b = _tokens(9000), _tokens(9000, 10**6)
+    c.process(a, a)  # 8192, 8960
+    c.process(b, b)  # 8192, 8960
+    a2 = np.concatenate([a[:8192], _tokens(100, 10 * 10**6)])
+    assert c.process(a2, a2) == 8192  # a's 8192 consumed: moved up; a2 adds 8256 (5 states)
+    d = _tokens(9000, 2 * 10**6)
+    c.process(d, d)  # 2 slots, then 1 to publish: a's leaf 8960 (deleted) and b's 8192
+    # (tombstoned) go; a's 8192, older than both but consumed since, stays
+    assert c.stats.states_evicted == 2 and c.stats.nodes_deleted == 1
+    assert c.process(a, a) == 8192
+    c.check()
+
+
+def test_static_pools_need_both_sizes(paper_spec):
+    with pytest.raises(ValueError):
+        StockSGLangCache(paper_spec, None, kv_tokens=10**6)
+    c = build_cache(parse_policy("sglang:kv_tokens=100000:state_slots=40:overlap=1"),
+                    paper_spec, 10**12, 1)
+    assert (c.static, c.kv_tokens, c.state_slots, c.capacity, c.tracking_slots) == (
+        True, 99968, 40, None, 2)
+
+
 def test_simulator_runs_the_policy():
 
     text = run_cli(sim_cli, "--workload", "chat", "--param", "sessions=6", "--policies",
@@ -218,15 +272,22 @@ def test_simulator_runs_the_policy():
 
 
 # ---- agreement with ab's stock SGLang -----------------------------------------------------------
-def _agreement(trace_path, cache_gb, limit=None, model="paper-7b"):
+def _agreement(trace_path, cache_gb, limit=None, model="paper-7b", memory="unified"):
 
     spec = preset_spec(model)
-    capacity = agreement.sim_capacity(size_pools(spec, cache_gb, "unified"))
-    argv = agreement.ab_argv(trace_path, model, cache_gb, limit)
+    pools = agreement.sim_pools(size_pools(spec, cache_gb, memory))
+    capacity = pools.pop("capacity_bytes")
+    argv = agreement.ab_argv(trace_path, model, cache_gb, limit, memory=memory)
     ab = json.loads(run_cli(ab_cli, *argv[1:]))
     trace = read_trace(trace_path).head(limit)
-    hits, stats = agreement.simulate(trace, spec, capacity)
+    hits, stats = agreement.simulate(trace, spec, capacity, **pools)
     return agreement.compare(trace, spec, hits, stats, ab, capacity), stats
+
+
+def _chat_trace(path):
+    write_sessions(generate("chat", seed=1, sessions=8, max_len=30000, user_median=2500,
+                            output_median=300), path)
+    return path
 
 
 def test_agrees_with_ab_stock_on_the_bundled_trace_slice(mooncake_path):
@@ -244,10 +305,39 @@ def test_agrees_with_ab_stock_on_reused_outputs_and_branches(tmp_path):
     blocks of Mooncake, several chunks per request, a buffer that evicts."""
     pytest.importorskip("sglang")
 
-    path = tmp_path / "chat.jsonl"
-    write_sessions(generate("chat", seed=1, sessions=8, max_len=30000, user_median=2500,
-                            output_median=300), path)
-    res, stats = _agreement(path, 4)
+    res, stats = _agreement(_chat_trace(tmp_path / "chat.jsonl"), 4)
     assert stats.evictions > 0
     assert res["identical"] == res["requests"], res["worst"]
     assert res["diff_pp"] == 0.0
+
+
+def test_static_pools_agree_with_ab_stock_on_the_bundled_trace_slice(mooncake_path):
+    pytest.importorskip("sglang")
+    res, stats = _agreement(mooncake_path, 100, limit=300, memory="static")
+    assert stats.evictions > 0
+    assert res["identical"] == res["requests"] == 300, res["worst"]
+    assert res["diff_pp"] == 0.0
+    assert res["sim"]["states_evicted"] == res["ab"]["states_evicted"]
+    assert res["sim"]["kv_tokens_evicted"] == res["ab"]["kv_tokens_evicted"]
+
+
+def test_static_pools_agree_with_ab_stock_when_states_run_short(paper_spec, tmp_path):
+    """A state pool of 12 slots under 60,000 KV tokens: most evictions are the MAMBA
+    walk's, inner states tombstoned (``ab --kv-tokens K --mamba-slots S``)."""
+    pytest.importorskip("sglang")
+    path = _chat_trace(tmp_path / "chat.jsonl")
+    argv = agreement.ab_argv(path, "paper-7b", 1)[1:]
+    for flag in ("--cache-gb", "--memory"):
+        i = argv.index(flag)
+        del argv[i:i + 2]
+    ab = json.loads(run_cli(ab_cli, *argv, "--kv-tokens", "60000", "--mamba-slots", "12"))
+    trace = read_trace(path)
+    cache = StockSGLangCache(paper_spec, None, kv_tokens=60000, state_slots=12,
+                             tracking_slots=2)
+    hits = [cache.process(r.input_tokens, r.full_tokens) for r in trace.requests]
+    cache.check()
+    assert cache.stats.states_evicted > cache.stats.nodes_deleted  # tombstones
+    res = agreement.compare(trace, paper_spec, hits, cache.stats, ab, None)
+    assert res["identical"] == res["requests"], res["worst"]
+    assert res["sim"]["states_evicted"] == res["ab"]["states_evicted"]
+    assert res["sim"]["kv_tokens_evicted"] == res["ab"]["kv_tokens_evicted"]

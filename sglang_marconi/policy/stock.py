@@ -35,8 +35,9 @@ SGLang's tree and allocator (paths relative to the installed ``sglang/srt/mem_ca
   chunk, and after the last one when it goes on to decode, a new slot and the insert of
   the chunk's snapshot (the tree takes the state and the KV up to it); a page whenever
   decode fills one; at finish the insert of the last decode snapshot, then everything the
-  request still held is freed. ``tracking_slots``: 1 as ``ab`` replays (no overlap
-  scheduler), 2 under SGLang's overlap scheduler.
+  request still held is freed. ``tracking_slots``: 1 without the overlap scheduler (``ab``'s
+  unified pools), 2 under it (SGLang's default, and ``ab``'s static pools: the test kit's
+  ``HybridReqToTokenPool`` keeps it on, its ping-pong track buffer takes 2 slots).
 
 Static pools (SGLang's default layout, ``kv_tokens`` and ``state_slots`` given: ``ab
 --memory static`` or ``--kv-tokens K --mamba-slots S``): a KV token pool of ``kv_tokens``

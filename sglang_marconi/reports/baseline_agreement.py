@@ -1,6 +1,10 @@
 """The simulator's ``sglang`` baseline against ``ab``'s stock SGLang on the same bytes
 (issue 18's agreement benchmark, ``scripts/bench_baseline_agreement.py``).
 
+Two memory layouts: ``--memory unified`` (one byte buffer, below) and ``--memory static``
+(SGLang's default: a KV token pool and a state pool, the static split of ``driver/sizing``;
+the simulator gets the same two pools, ``sim_pools``).
+
 ``ab --cache-gb G --memory unified --caches stock --per-request`` replays a trace through
 SGLang's own ``UnifiedRadixCache`` on one unified buffer sized the way a server sizes it
 (``driver/sizing.py``); the simulator's ``sglang`` policy (``policy.stock``) replays the
@@ -37,10 +41,13 @@ def sim_pools(sizes) -> dict:
     """``StockSGLangCache`` keyword arguments that give the simulator ``ab``'s pools
     (``driver.sizing.PoolSizes``): the unified buffer's byte budget (``sim_capacity``), or
     the static split's two pools (``kv_tokens`` KV token slots, ``mamba_slots`` state
-    slots: SGLang's ``MambaSlotAllocator`` hands out all of them)."""
+    slots: SGLang's ``MambaSlotAllocator`` hands out all of them). ``ab``'s static pools are
+    SGLang's test-kit ``HybridReqToTokenPool`` with the overlap schedule on (its default,
+    a server's too): a request's ping-pong track buffer takes 2 slots up front; its unified
+    pools are built with ``disable_overlap_schedule`` (1 slot)."""
     if sizes.mode == "static":
         return {"capacity_bytes": None, "kv_tokens": sizes.kv_tokens,
-                "state_slots": sizes.mamba_slots}
+                "state_slots": sizes.mamba_slots, "tracking_slots": 2}
     return {"capacity_bytes": sim_capacity(sizes)}
 
 
@@ -57,16 +64,17 @@ def ab_argv(trace_path, model: str, cache_gb: float, limit: int | None = None,
 
 def simulate(trace, spec, capacity: int | None, chunk: int = 8192, track: int = 256,
              page: int = 64, *, kv_tokens: int | None = None,
-             state_slots: int | None = None):
+             state_slots: int | None = None, tracking_slots: int = 1):
     """The simulator's ``sglang`` on ``trace``: (hits per request, its ``CacheStats``).
     ``kv_tokens`` and ``state_slots``: the static pools (``capacity`` ignored)."""
     cache = StockSGLangCache(spec, capacity, chunk=chunk, track=track, page=page,
-                             kv_tokens=kv_tokens, state_slots=state_slots)
+                             kv_tokens=kv_tokens, state_slots=state_slots,
+                             tracking_slots=tracking_slots)
     hits = [cache.process(r.input_tokens, r.full_tokens) for r in trace.requests]
     return hits, cache.stats
 
 
-def compare(trace, spec, sim_hits, sim_stats, ab_result: dict, capacity: int,
+def compare(trace, spec, sim_hits, sim_stats, ab_result: dict, capacity: int | None,
             worst: int = 5) -> dict:
     """Agreement of the simulator's hits with ``ab``'s (``ab --json --per-request``)."""
     stock = ab_result["caches"]["stock"]
@@ -109,20 +117,23 @@ def verdicts(res: dict) -> dict:
             "identical": res["identical_fraction"] >= TARGET_IDENTICAL}
 
 
-def format_report(res: dict, *, trace_name: str, model: str, cache_gb: float,
-                  ab_command: str, limit: int | None) -> str:
+def _pools_lines(res: dict, cache_gb: float, ab_command: str) -> list:
     p = res["pools"]
+    tree_core = res["ab"]["tree_core"] or "tree core ?"
+    if p["mode"] == "static":
+        return [
+            f"ab: `python -m sglang_marconi {ab_command}` (SGLang's UnifiedRadixCache, "
+            f"{tree_core}): static pools, {p['kv_tokens']:,} KV token slots (pages of "
+            f"{p['page_size']}) and {p['mamba_slots']:,} state slots.",
+            f"simulator: policy `sglang:kv_tokens={p['kv_tokens']}:state_slots="
+            f"{p['mamba_slots']}:overlap=1` (the same two pools; a running request's "
+            "ping-pong track buffer takes 2 slots, as in ab's static pools).",
+        ]
     cap = res["capacity_bytes"]
     page_bytes = p["page_size"] * p["kv_bytes_per_token"]
-    sim, ab = res["sim"], res["ab"]
-    ok = verdicts(res)
-    scope = f"first {res['requests']:,} requests" if limit else f"all {res['requests']:,} requests"
-    lines = [
-        f"# Simulator `sglang` vs `ab` stock SGLang: {model}, {cache_gb:g} GiB unified, "
-        f"{scope} of {trace_name}",
-        "",
+    return [
         f"ab: `python -m sglang_marconi {ab_command}` (SGLang's UnifiedRadixCache, "
-        f"{ab['tree_core'] or 'tree core ?'}): one {p['unified_bytes']:,}-byte unified "
+        f"{tree_core}): one {p['unified_bytes']:,}-byte unified "
         f"buffer ({p['unified_bytes'] // page_bytes:,} KV pages of {p['page_size']} tokens, "
         f"a state = {p['state_bytes'] / p['kv_bytes_per_token']:.2f} KV tokens).",
         f"simulator: policy `sglang`, capacity {cap:,} bytes = the buffer's "
@@ -130,6 +141,20 @@ def format_report(res: dict, *, trace_name: str, model: str, cache_gb: float,
         f"SGLang's reserved state slot 0 ({p['state_bytes']:,} bytes); "
         f"`sim --capacity {cap}` (`--capacity {cache_gb:g}GB` would be "
         f"{cache_gb * 1e9:,.0f} bytes: decimal GB, and not the buffer).",
+    ]
+
+
+def format_report(res: dict, *, trace_name: str, model: str, cache_gb: float,
+                  ab_command: str, limit: int | None) -> str:
+    p = res["pools"]
+    sim, ab = res["sim"], res["ab"]
+    ok = verdicts(res)
+    scope = f"first {res['requests']:,} requests" if limit else f"all {res['requests']:,} requests"
+    lines = [
+        f"# Simulator `sglang` vs `ab` stock SGLang: {model}, {cache_gb:g} GiB "
+        f"{p.get('mode', 'unified')}, {scope} of {trace_name}",
+        "",
+        *_pools_lines(res, cache_gb, ab_command),
         "",
         table(("", "FLOPs saved (of prefill)", "hit tokens", "states admitted",
                "states evicted", "KV tokens evicted"),
