@@ -130,7 +130,7 @@ def run_one(name: str, requests: list, cfg: ABConfig,
             out = replayer.run(rr)
             # the cache's own time: the collector's pauses during the request are reported
             # apart (gc_*), not as bookkeeping
-            times.append(max(0.0, out.seconds - (pauses.total - gc0)))
+            times.append(pauses.exclude(out.seconds, gc0))
             hits.append(out.hit_len)
             inp += out.input_len
             hit += out.hit_len

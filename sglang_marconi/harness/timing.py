@@ -80,6 +80,10 @@ class GCPauses:
         if self._freeze:
             gc.unfreeze()
 
+    def exclude(self, seconds: float, mark: float) -> float:
+        """``seconds`` of a span less the pauses since ``mark`` (``total`` at its start)."""
+        return max(0.0, seconds - (self.total - mark))
+
     def as_dict(self) -> dict:
         return {"gc_collections": self.count, "gc_pause_s_max": self.max,
                 "gc_pause_s_total": self.total}
@@ -113,9 +117,7 @@ class CallTimer:
                 return inner(*args, **kwargs)
             finally:
                 own = time.perf_counter() - t0
-                if self._gc is not None:
-                    own -= self._gc.total - gc0
-                self.seconds.append(max(0.0, own))
+                self.seconds.append(own if self._gc is None else self._gc.exclude(own, gc0))
                 self._depth -= 1
 
         return timed

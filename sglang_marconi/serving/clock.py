@@ -44,9 +44,7 @@ class CacheTimer:
                 self._depth -= 1
                 if outer:
                     own = time.perf_counter() - t0
-                    if self.gc is not None:
-                        own -= self.gc.total - gc0
-                    self._seconds += max(0.0, own)
+                    self._seconds += own if self.gc is None else self.gc.exclude(own, gc0)
         return timed
 
     def take(self) -> float:

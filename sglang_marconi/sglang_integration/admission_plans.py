@@ -150,7 +150,8 @@ class AdmissionPlans:
             self.stats.end_states_skipped += 1
             return False  # marconi+: end states are rarely reused on this traffic
         if self.capped and adm.published >= self.max_states:
-            self.stats.rejected += 0 if final else 1
+            if not final:  # a final refused by the cap was never counted as rejected
+                self.stats.rejected += 1
             return False
         adm.published += 1
         adm.end_admitted = True
