@@ -1,4 +1,4 @@
-"""Benchmark: replay the shared Mooncake trace through vllm+, sglang+ and marconi.
+"""Benchmark: replay the shared Mooncake trace through vllm+, paper-sglang+ and marconi.
 
 paper-7b, 100 GB by default. Prints the replay wall time of each policy and the total
 (trace reading included), and PASS/MISS against the target: under 2 minutes in total on a
@@ -6,7 +6,7 @@ paper-7b, 100 GB by default. Prints the replay wall time of each policy and the 
 MISS).
 
 Usage: .venv/bin/python scripts/bench_sim.py [--capacity 100GB] [--jobs 1]
-       [--policies vllm+,sglang+,marconi] [--trace PATH] [--target-s 120] [--strict]
+       [--policies vllm+,paper-sglang+,marconi] [--trace PATH] [--target-s 120] [--strict]
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def main(argv=None) -> int:
     ap.add_argument("--trace", default=str(MOONCAKE_TRACE))
     ap.add_argument("--model", default="paper-7b")
     ap.add_argument("--capacity", default="100GB")
-    ap.add_argument("--policies", default="vllm+,sglang+,marconi")
+    ap.add_argument("--policies", default="vllm+,paper-sglang+,marconi")
     ap.add_argument("--jobs", type=int, default=1,
                     help="policies replayed in parallel processes (default 1: one after another)")
     ap.add_argument("--target-s", type=float, default=120.0)

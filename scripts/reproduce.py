@@ -53,7 +53,7 @@ def main(argv=None) -> int:
           f"{len(sweep['records'])} replays)")
     for (m, fam), f in an["families"].items():
         print(f"  {m:>12} {fam:>9}: ratio vs vllm+ {times(f['ratio_mean'])} "
-              f"({f['ratio_inf']} inf), gain vs sglang+ P95 {pct(f['gain_p95'], True)}")
+              f"({f['ratio_inf']} inf), gain vs paper-sglang+ P95 {pct(f['gain_p95'], True)}")
     return 0
 
 

@@ -209,7 +209,7 @@ def sglang_subject(name: str, settings: Optional[dict]) -> Subject:
 
 SUBJECTS = [
     sim_subject("vllm+", granularity=32),  # a state every 32-token block
-    sim_subject("sglang+"),
+    sim_subject("paper-sglang+"),
     sim_subject("marconi"),                # alpha tuned by bootstrap
     sim_subject("marconi:alpha=1"),
     sim_subject("marconi:alpha=online"),

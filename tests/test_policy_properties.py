@@ -48,7 +48,7 @@ def lcp(a, b):
     return int(neq[0]) if len(neq) else n
 
 
-POLICIES = ["vllm+:block=8", "sglang+", "marconi:alpha=1.5", "marconi:alpha=auto:k=1"]
+POLICIES = ["vllm+:block=8", "paper-sglang+", "marconi:alpha=1.5", "marconi:alpha=auto:k=1"]
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -67,17 +67,17 @@ def test_configuration_rows_match_the_replays(tiny):
         inf = sweeps.one(recs, model=c["model"], workload=c["workload"], policy="infinite")
         for cap in sorted(set(c["capacities"])):
             got = {p: sweeps.one(recs, model=c["model"], workload=c["workload"], capacity=cap,
-                                 policy=p) for p in ("vllm+", "sglang+", "marconi")}
-            assert got["sglang+"]["states_evicted"] > 0  # eviction happens at every capacity
+                                 policy=p) for p in ("vllm+", "paper-sglang+", "marconi")}
+            assert got["paper-sglang+"]["states_evicted"] > 0  # eviction happens at every capacity
             cells = _row_cells(text, [c["workload"], f"{gb(cap)} "
                                       f"({pct(cap / inf['peak_bytes'])})"])
-            for i, p in zip((3, 4, 5), ("vllm+", "sglang+", "marconi")):
+            for i, p in zip((3, 4, 5), ("vllm+", "paper-sglang+", "marconi")):
                 r = got[p]
                 want = (f"{pct(r['hit_tokens'] / r['input_tokens'])} "
                         f"({pct(r['hit_tokens'] / inf['hit_tokens'])})")
                 assert cells[i] == want
             assert cells[6] == pct(inf["hit_tokens"] / inf["input_tokens"])
-            m, v, s = (got[p]["token_hit_rate"] for p in ("marconi", "vllm+", "sglang+"))
+            m, v, s = (got[p]["token_hit_rate"] for p in ("marconi", "vllm+", "paper-sglang+"))
             assert cells[8] == (times(m / v) if v else "inf")
             assert cells[9] == pct(m / s - 1, True)
             n_rows += 1
@@ -96,9 +96,9 @@ def test_summary_matches_recomputation(tiny):
             for cap in caps:
                 hit = {p: sweeps.one(recs, model="paper-7b", workload=w.label, capacity=cap,
                                      policy=p)["token_hit_rate"]
-                       for p in ("vllm+", "sglang+", "marconi")}
+                       for p in ("vllm+", "paper-sglang+", "marconi")}
                 ratios.append(hit["marconi"] / hit["vllm+"] if hit["vllm+"] else math.inf)
-                gains.append(hit["marconi"] / hit["sglang+"] - 1)
+                gains.append(hit["marconi"] / hit["paper-sglang+"] - 1)
         finite = [r for r in ratios if math.isfinite(r)]
         cells = _row_cells(text, ["paper-7b", fam, str(len(ratios))])
         assert cells[3] == (times(float(np.mean(finite))) if finite else "-")
@@ -112,9 +112,9 @@ def test_sensitivity_rows(tiny):
     assert len(models) == 1 + len(cfg.sens_ratios) + len(cfg.sens_state_dims)
     for x in an["sens"]:
         r = {p: sweeps.one(sweep["records"], model=x["model"], workload=x["workload"],
-                           capacity=x["capacity"], policy=p) for p in ("vllm+", "sglang+", "marconi")}
+                           capacity=x["capacity"], policy=p) for p in ("vllm+", "paper-sglang+", "marconi")}
         cells = _row_cells(text, [x["model"], x["workload"], gb(x["capacity"])])
-        assert cells[3:6] == [pct(r[p]["token_hit_rate"]) for p in ("vllm+", "sglang+", "marconi")]
+        assert cells[3:6] == [pct(r[p]["token_hit_rate"]) for p in ("vllm+", "paper-sglang+", "marconi")]
 
 
 def test_paper_variants():

@@ -264,7 +264,7 @@ def test_static_pools_need_both_sizes(paper_spec):
 def test_simulator_runs_the_policy():
 
     text = run_cli(sim_cli, "--workload", "chat", "--param", "sessions=6", "--policies",
-                   "sglang,sglang+", "--capacity", "2GB", "--json", "--no-progress")
+                   "sglang,paper-sglang+", "--capacity", "2GB", "--json", "--no-progress")
     res = json.loads(text)["policies"]
     assert res["sglang"]["alpha"] == 0.0
     assert 0.0 < res["sglang"]["flops_saved_fraction"] <= 1.0

@@ -100,25 +100,25 @@ def test_chat_second_turn_extends_first():
 def test_simulate_orders_policies_sensibly(paper_spec):
     trace = generate("shared-prompt", seed=0, requests=300)
     res = simulate(trace, paper_spec, 20 * 10**9,
-                   parse_policies("vllm+,sglang+,marconi:alpha=1,infinite"), progress=False)
+                   parse_policies("vllm+,paper-sglang+,marconi:alpha=1,infinite"), progress=False)
     pol = res["policies"]
     assert pol["infinite"]["fraction_of_infinite_flops"] == 1.0
-    for name in ("sglang+", "marconi:alpha=1"):
+    for name in ("paper-sglang+", "marconi:alpha=1"):
         assert 0 < pol[name]["flops_saved"] <= pol["infinite"]["flops_saved"]
         assert pol[name]["peak_bytes"] <= 20 * 10**9
     # the shared prompts are reused: Marconi admission keeps few states, vLLM+ keeps many
-    assert pol["vllm+"]["states_admitted"] > 10 * pol["sglang+"]["states_admitted"]
-    assert pol["infinite"]["ttft_p95_s"] <= pol["sglang+"]["ttft_p95_s"]
+    assert pol["vllm+"]["states_admitted"] > 10 * pol["paper-sglang+"]["states_admitted"]
+    assert pol["infinite"]["ttft_p95_s"] <= pol["paper-sglang+"]["ttft_p95_s"]
 
 
 def test_sim_cli_json_and_plot(tmp_path, mooncake_path):
     png = tmp_path / "p.png"
     r = _cli("sim", "--trace", str(mooncake_path), "--limit", "300", "--model", "paper-7b",
-             "--capacity", "50GB", "--policies", "sglang+,marconi,infinite", "--json",
+             "--capacity", "50GB", "--policies", "paper-sglang+,marconi,infinite", "--json",
              "--plot", str(png))
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    for name in ("sglang+", "marconi", "infinite"):
+    for name in ("paper-sglang+", "marconi", "infinite"):
         m = out["policies"][name]
         for key in ("token_hit_rate", "request_hit_rate", "flops_saved", "flops_saved_fraction",
                     "states_admitted", "states_evicted", "peak_bytes", "ttft_p50_s",
@@ -131,12 +131,14 @@ def test_sim_cli_json_and_plot(tmp_path, mooncake_path):
 def test_sim_cli_capacity_sweep_and_errors(tmp_path):
     png = tmp_path / "sweep.png"
     r = _cli("sim", "--workload", "chat", "--param", "sessions=30", "--capacities",
-             "0.2GB,1GB", "--policies", "sglang+,infinite", "--plot", str(png), "--json")
+             "0.2GB,1GB", "--policies", "paper-sglang+,infinite", "--plot", str(png), "--json")
     assert r.returncode == 0, r.stderr
     runs = json.loads(r.stdout)["runs"]
     assert [x["capacity_bytes"] for x in runs] == [2 * 10**8, 10**9]
     assert png.is_file()
     for args, msg in [(("--workload", "chat", "--policies", "lru"), "unknown policy 'lru'"),
+                      (("--workload", "chat", "--policies", "sglang+"),
+                       "'sglang+' was renamed: write paper-sglang+"),
                       (("--workload", "chat", "--capacity", "lots"), "cannot read 'lots'"),
                       (("--workload", "nope"), "unknown workload 'nope'"),
                       (("--workload", "chat", "--policies", "marconi:beta=1"),

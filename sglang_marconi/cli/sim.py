@@ -22,9 +22,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--capacity", default="40GB",
                         help="cache budget in bytes, e.g. 40GB (default 40GB)")
     parser.add_argument("--capacities", help="several budgets, e.g. 10GB,20GB,40GB (a sweep)")
-    parser.add_argument("--policies", default="sglang,vllm+,sglang+,marconi,infinite",
+    parser.add_argument("--policies", default="sglang,vllm+,paper-sglang+,marconi,infinite",
                         help="comma-separated: sglang (stock SGLang as a server runs it), "
-                             "vllm+, sglang+ (the paper's baselines), marconi[:alpha=X|auto], "
+                             "vllm+, paper-sglang+ (the paper's baselines), marconi[:alpha=X|auto], "
                              "marconi+, infinite, offline")
     parser.add_argument("--grid", type=int, default=1,
                         help="checkpoint granularity in tokens (64 mirrors SGLang; default 1)")

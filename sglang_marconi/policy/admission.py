@@ -165,3 +165,64 @@ def plan_sglang_checkpoints(input_len: int, output_len: int, hit_len: int, branc
     cached = positions[-1] if positions else 0
     return AdmissionPlan(tuple(positions), cached,
                          branch_len if branch_len and branch_len in positions else 0)
+
+
+@dataclass(frozen=True)
+class SGLangGrids:
+    """Where SGLang 0.5.23 (extra_buffer) can take states: prefill chunks of ``chunk`` tokens
+    (--chunked-prefill-size; <= 0: off), the checkpoint ``grid`` (``sglang_grid``), pages
+    of ``page`` tokens, decode-track snapshots on ``track_grid`` (``sglang_track_grid``)."""
+    chunk: int = 8192
+    page: int = 64
+    grid: int = 64
+    track_grid: int = 256
+
+
+@dataclass(frozen=True)
+class MaterialisedPlan:
+    """What Marconi's plan becomes inside SGLang: the states SGLang snapshots that the
+    plugin keeps (``intermediate``: the branch point and chunk-boundary states within the
+    per-request cap), the end-state candidates it offers (``ends``: the last prefill
+    chunk's snapshot and, at finish, the last decode-track snapshot: kept or dropped
+    together by the end-state rule), and ``end``, where the request's end state is for the
+    ghost index and the end-state reuse rate (0: none beyond the hit)."""
+    intermediate: tuple
+    ends: tuple
+    end: int
+    branch: int
+
+
+def plan_marconi_in_sglang(input_len: int, output_len: int, hit_len: int, branch: int,
+                           grids: SGLangGrids, chunk_budget: int) -> MaterialisedPlan:
+    """Marconi's admission as the SGLang plugin applies it to the snapshots SGLang takes
+    (``sglang_integration.admission_plans``, one decision per snapshot):
+
+    - each prefill chunk snapshots once (``sglang_chunk_snapshot``: the branch point when it
+      falls inside the chunk); an unfinished chunk's snapshot is kept if it is the planned
+      ``branch`` (``branch_checkpoint``'s), else while ``chunk_budget`` lasts;
+    - the last chunk's snapshot (published when the prefill completes) is the branch or an
+      end-state candidate; so is the last decode-track snapshot at finish (SGLang publishes
+      only the last tracked snapshot)."""
+    chunks = sglang_prefill_chunks(input_len, hit_len, branch, grids.chunk, grids.page,
+                                   grids.grid)
+    intermediate, ends = [], []
+    for _, _, snap in chunks[:-1]:
+        if snap and snap == branch:
+            intermediate.append(snap)
+        elif snap and chunk_budget > 0:
+            chunk_budget -= 1
+            intermediate.append(snap)
+    last = chunks[-1][2]
+    if last and last == branch:
+        intermediate.append(last)
+    elif last:
+        ends.append(last)
+    final = sglang_decode_snapshot(input_len, output_len, grids.track_grid) or last
+    if final and final != branch and final not in ends:
+        ends.append(final)
+    # the end state as the plugin's ``_observe_end`` sees it first: the last chunk's
+    # snapshot, else the final one; the branch snapshot in the end state's place stands
+    # for the input's grid-floored end
+    end = ends[0] if ends else (_floor(input_len, grids.grid) if final else 0)
+    return MaterialisedPlan(tuple(intermediate), tuple(ends), end if end > hit_len else 0,
+                            branch if branch in intermediate else 0)

@@ -20,7 +20,8 @@ import numpy as np
 
 from sglang_marconi.model.cost import CostModel
 from sglang_marconi.policy import defaults
-from sglang_marconi.policy.admission import (branch_checkpoint, cached_length,
+from sglang_marconi.policy.admission import (SGLangGrids, branch_checkpoint, cached_length,
+                                             plan_marconi_in_sglang,
                                              plan_block_checkpoints, plan_checkpoints)
 from sglang_marconi.policy.alpha import DEFAULT_GRID, AlphaTuner
 from sglang_marconi.policy.ghost import GhostIndex
@@ -123,7 +124,8 @@ class PrefixCache:
                  ghost_tokens: int | None = None, end_threshold: float | None = None,
                  online: dict | None = None, victim_chooser=None, end_admission=None,
                  branch_rule: str = "split", evict_at: str = "finish",
-                 renormalise: bool = False, insert_clock_offset: float = 0.0):
+                 renormalise: bool = False, insert_clock_offset: float = 0.0,
+                 materialise: SGLangGrids | None = None):
         if admission not in ("marconi", "block"):
             raise ValueError(f"unknown admission {admission!r}")
         if branch_rule not in ("split", "kv", "none"):
@@ -134,6 +136,9 @@ class PrefixCache:
         self.grid, self.block, self.max_states = grid, block, max_states_per_request
         self.branch_rule, self.evict_at, self.renormalise = branch_rule, evict_at, renormalise
         self.insert_clock_offset = insert_clock_offset
+        if materialise is not None and admission != "marconi":
+            raise ValueError("materialise applies to Marconi admission only")
+        self.materialise = materialise
         self.cache_output, self.record_hits = cache_output, record_hits
         self.stats = CacheStats()
         self.auto_alpha = alpha == "auto"
@@ -160,7 +165,7 @@ class PrefixCache:
                             ghost_tokens=ghost_tokens, end_threshold=end_threshold,
                             branch_rule=branch_rule, evict_at=evict_at,
                             renormalise=renormalise,
-                            insert_clock_offset=insert_clock_offset)
+                            insert_clock_offset=insert_clock_offset, materialise=materialise)
         self.tuner = (AlphaTuner(self._replay_alpha, alpha_grid, bootstrap_multiplier)
                       if self.auto_alpha else None)
         self.online = (OnlineAlpha(self._make_shadow, **(online or {}))
@@ -254,6 +259,8 @@ class PrefixCache:
     def finish(self, plan: RequestPlan, full_tokens) -> dict:
         """Admit the request's states and KV; returns {position: node} of stored states."""
         full = as_tokens(full_tokens)
+        if self.materialise is not None:
+            return self._finish_materialised(plan, full)
         adm = self._plan(plan, len(full))
         if self.ghost is not None:
             end = self._end_position(plan, len(full), adm)
@@ -291,6 +298,43 @@ class PrefixCache:
         else:
             self.stats.admissions_rejected += 1
         self.stats.peak_bytes = max(self.stats.peak_bytes, self.tree.bytes_used)
+        self._after_request(plan, full)
+        return out
+
+    def _finish_materialised(self, plan: RequestPlan, full: np.ndarray) -> dict:
+        """``finish`` when only what SGLang snapshots can be kept (``materialise``): the
+        plugin's decisions on SGLang's chunk, branch and decode-track snapshots
+        (``admission.plan_marconi_in_sglang``); end-state candidates are kept or dropped
+        together by the learned end-state rule and the per-request cap."""
+        n = len(plan.input_tokens)
+        branch = plan.checkpoint_positions[0] if plan.checkpoint_positions else 0
+        reserved = (1 if branch else 0) + 1  # the branch point and the final state
+        mp = plan_marconi_in_sglang(n, len(full) - n + 1, plan.hit_len, branch,
+                                    self.materialise, max(0, self.max_states - reserved))
+        if self.ghost is not None:
+            self.ghost.record(full, mp.end, plan.index)
+            if self.end_usefulness is not None:
+                self.end_usefulness.observe_request(plan.reaches_end, bool(mp.end))
+        ends = mp.ends[:max(0, self.max_states - len(mp.intermediate))]
+        if (ends and mp.end and self.end_usefulness is not None
+                and not self.end_usefulness.admit()):
+            self.stats.end_states_skipped += 1
+            ends = ()
+        positions = tuple(sorted(mp.intermediate + ends))
+        out: dict = {}
+        if positions:
+            attempts = [positions] + ([(mp.branch,)] if mp.branch and positions != (mp.branch,)
+                                      else [])
+            for i, pos in enumerate(attempts):
+                seq = full[:pos[-1]]
+                if self.evict_at == "begin" or self._make_room(seq, pos):
+                    out, new = self.tree.insert(seq, pos, plan.index + self.insert_clock_offset)
+                    self.stats.states_admitted += new
+                    self.stats.admissions_truncated += i > 0
+                    break
+            else:
+                self.stats.admissions_rejected += 1
+            self.stats.peak_bytes = max(self.stats.peak_bytes, self.tree.bytes_used)
         self._after_request(plan, full)
         return out
 

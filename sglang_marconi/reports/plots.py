@@ -24,7 +24,7 @@ def write_plots(sweep: dict, an: dict, img: Path) -> list:
     cfg = sweep["config"]
     img.mkdir(parents=True, exist_ok=True)
     written = []
-    colors = {"vllm+": "tab:gray", "sglang+": "tab:blue", "marconi": "tab:red",
+    colors = {"vllm+": "tab:gray", "paper-sglang+": "tab:blue", "marconi": "tab:red",
               "infinite": "tab:green"}
 
     # Figs 7-8
@@ -48,7 +48,7 @@ def write_plots(sweep: dict, an: dict, img: Path) -> list:
     axes[0].yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
     axes[0].set_ylabel("token hit rate marconi / vllm+ (mean)")
     axes[1].bar(x, gains, color=col)
-    axes[1].set_ylabel("gain over sglang+ (P95, %)")
+    axes[1].set_ylabel("gain over paper-sglang+ (P95, %)")
     axes[1].axhline(0, color="black", lw=0.8)
     for ax, vals, fmt in ((axes[0], ratios, "{:.1f}x"), (axes[1], gains, "{:+.1f}%")):
         ax.set_xticks(x)
@@ -142,7 +142,7 @@ def write_plots(sweep: dict, an: dict, img: Path) -> list:
                         (1, "state dimension N (paper-7b: 128)")):
             axes[row][0].set_ylabel("marconi / vllm+ token hit rate")
             axes[row][0].set_yscale("log")
-            axes[row][1].set_ylabel("marconi vs sglang+ token hit rate (%)")
+            axes[row][1].set_ylabel("marconi vs paper-sglang+ token hit rate (%)")
             for ax in axes[row]:
                 ax.set_xlabel(xl)
                 if row == 1:

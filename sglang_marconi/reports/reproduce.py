@@ -3,7 +3,7 @@ and its analysis.
 
 Sweep: workloads (chat-like and agent-like generators at several session arrival rates, the
 shared Mooncake trace) x capacities (per workload, chosen so that eviction matters: see
-``sweeps.calibrate``) x policies (vllm+, sglang+, marconi, infinite), on ``paper-7b`` and on
+``sweeps.calibrate``) x policies (vllm+, paper-sglang+, marconi, infinite), on ``paper-7b`` and on
 one real architecture preset (``qwen3_next`` by default); plus the sensitivity to the
 SSM:attention layer ratio and to the state dimension (hand-built variants of paper-7b).
 
@@ -23,8 +23,8 @@ from sglang_marconi.sim import sweeps
 from sglang_marconi.sim.runner import LONG_REQUEST
 from sglang_marconi.sim.sweeps import Task, generator, model_spec, variant_name
 
-POLICIES = ("vllm+", "sglang+", "marconi")
-PAPER = {  # the paper's Figs. 7-8: marconi / vllm+ token hit rate, gain over sglang+ (P95)
+POLICIES = ("vllm+", "paper-sglang+", "marconi")
+PAPER = {  # the paper's Figs. 7-8: marconi / vllm+ token hit rate, gain over paper-sglang+ (P95)
     "LMSys": (4.5, 0.456), "ShareGPT": (7.3, 0.190), "SWE-bench": (34.4, 2.197),
 }
 PAPER_FOR_FAMILY = {"chat": ("LMSys", "ShareGPT"), "agent": ("SWE-bench",), "mooncake": ()}
@@ -157,9 +157,9 @@ def analyze(sweep: dict) -> dict:
                 row["ratio"] = sweeps._ratio(row["marconi"]["token_hit_rate"],
                                              row["vllm+"]["token_hit_rate"])
                 row["gain"] = sweeps._ratio(row["marconi"]["token_hit_rate"],
-                                            row["sglang+"]["token_hit_rate"]) - 1
+                                            row["paper-sglang+"]["token_hit_rate"]) - 1
                 row["flops_gain"] = sweeps._ratio(row["marconi"]["flops_saved"],
-                                                  row["sglang+"]["flops_saved"]) - 1
+                                                  row["paper-sglang+"]["flops_saved"]) - 1
                 rows.append(row)
         out["rows"][m] = rows
         for fam in FAMILY_ORDER:
@@ -179,7 +179,7 @@ def analyze(sweep: dict) -> dict:
                 "alphas": dict(sorted(alphas.items(), key=lambda kv: float(kv[0]))),
                 "tuned": tuned,
                 "identical_to_lru": sum(1 for r in frows
-                                        if r["marconi"]["hit_tokens"] == r["sglang+"]["hit_tokens"]),
+                                        if r["marconi"]["hit_tokens"] == r["paper-sglang+"]["hit_tokens"]),
                 "of_inf": {p: _mean([r[f"{p}_of_inf"] for r in frows]) for p in POLICIES},
                 "vllm_admitted": _mean([x["states_admitted"] for x in v]),
                 "vllm_evicted": _mean([x["states_evicted"] for x in v]),
@@ -190,7 +190,7 @@ def analyze(sweep: dict) -> dict:
                 "marconi_admitted": _mean([r["marconi"]["states_admitted"] for r in frows]),
                 "f0": _mean([cal[(m, w.label)]["floor_fraction"] for w in cfg.workloads
                              if w.family == fam]),
-                "lru_evicted": _mean([r["sglang+"]["states_evicted"] for r in frows]),
+                "lru_evicted": _mean([r["paper-sglang+"]["states_evicted"] for r in frows]),
                 "ttft": {p: (_mean([r[p]["ttft_p50_s"] for r in frows]),
                              _mean([r[p]["ttft_p95_s"] for r in frows])) for p in POLICIES},
                 "ttft_inf": (frows[0]["infinite"]["ttft_p50_s"],
@@ -199,20 +199,20 @@ def analyze(sweep: dict) -> dict:
             red = []
             for r in frows:
                 m95 = r["marconi"]["ttft_p95_s"]
-                for base in ("vllm+", "sglang+"):
+                for base in ("vllm+", "paper-sglang+"):
                     b95 = r[base]["ttft_p95_s"]
                     red.append((1 - m95 / b95, b95 - m95, base, r["workload"], r["capacity"],
                                 m95 / b95 - 1))
             best = max(red, key=lambda x: x[0])
             fam_out["ttft_best_reduction"] = best
-            fam_out["ttft_worst_vs_lru"] = min((x for x in red if x[2] == "sglang+"),
+            fam_out["ttft_worst_vs_lru"] = min((x for x in red if x[2] == "paper-sglang+"),
                                                key=lambda x: x[0])
             fam_out["length"] = {p: (_mean([r[p]["short_token_hit_rate"] for r in frows]),
                                      _mean([r[p]["long_token_hit_rate"] for r in frows]))
                                  for p in POLICIES}
-            shorts = [_rel(r["marconi"]["short_token_hit_rate"], r["sglang+"]["short_token_hit_rate"])
+            shorts = [_rel(r["marconi"]["short_token_hit_rate"], r["paper-sglang+"]["short_token_hit_rate"])
                       for r in frows]
-            longs = [_rel(r["marconi"]["long_token_hit_rate"], r["sglang+"]["long_token_hit_rate"])
+            longs = [_rel(r["marconi"]["long_token_hit_rate"], r["paper-sglang+"]["long_token_hit_rate"])
                      for r in frows]
             shorts = [x for x in shorts if x is not None and math.isfinite(x)]
             longs = [x for x in longs if x is not None and math.isfinite(x)]
@@ -237,9 +237,9 @@ def analyze(sweep: dict) -> dict:
         m, wl, cap, p, _ = key
         if p != "marconi":
             continue
-        mr, v, s = (by[(m, wl, cap, q)] for q in ("marconi", "vllm+", "sglang+"))
+        mr, v, s = (by[(m, wl, cap, q)] for q in ("marconi", "vllm+", "paper-sglang+"))
         out["sens"].append({"model": m, "workload": wl, "capacity": cap,
-                            "vllm+": v["token_hit_rate"], "sglang+": s["token_hit_rate"],
+                            "vllm+": v["token_hit_rate"], "paper-sglang+": s["token_hit_rate"],
                             "marconi": mr["token_hit_rate"], "alpha": mr["alpha"],
                             "ratio": sweeps._ratio(mr["token_hit_rate"], v["token_hit_rate"]),
                             "gain": sweeps._ratio(mr["token_hit_rate"], s["token_hit_rate"]) - 1,

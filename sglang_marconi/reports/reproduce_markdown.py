@@ -33,7 +33,7 @@ def _configuration_row(r):
     return (r["workload"], f"{gb(r['capacity'])} ({pct(r['peak_fraction'])})",
             f"{r['target']:g}",
             f"{rate_of(r['vllm+'])} ({pct(r['vllm+_of_inf'])})",
-            f"{rate_of(r['sglang+'])} ({pct(r['sglang+_of_inf'])})",
+            f"{rate_of(r['paper-sglang+'])} ({pct(r['paper-sglang+_of_inf'])})",
             f"{rate_of(mar)} ({pct(r['marconi_of_inf'])})",
             rate_of(r["infinite"]),
             f"{mar['alpha']:g}" + ("" if mar.get("alpha_tuned") else " (untuned)"),
@@ -53,7 +53,7 @@ def _why_row(m, fam, f):
     alphas = ", ".join(f"{a}: {n}" for a, n in f["alphas"].items())
     return (m, fam, f"{f['tuned']}/{f['n']}", alphas,
             f"{f['identical_to_lru']}/{f['n']}",
-            pct(f["of_inf"]["vllm+"]), pct(f["of_inf"]["sglang+"]),
+            pct(f["of_inf"]["vllm+"]), pct(f["of_inf"]["paper-sglang+"]),
             pct(f["of_inf"]["marconi"]),
             f"{f['vllm_admitted']:,.0f} / {f['vllm_evicted']:,.0f}",
             f"{f['vllm_zero']}/{f['n']}", pct(f["vllm_rejected"]),
@@ -81,7 +81,7 @@ def _sens_summary_row(m, s):
 
 
 def _sens_row(x):
-    return (x["model"], x["workload"], gb(x["capacity"]), pct(x["vllm+"]), pct(x["sglang+"]),
+    return (x["model"], x["workload"], gb(x["capacity"]), pct(x["vllm+"]), pct(x["paper-sglang+"]),
             pct(x["marconi"]), f"{x['alpha']:g}", f"{x['vllm_admitted']:,}",
             times(x["ratio"]), pct(x["gain"], True), pct(x["flops_gain"], True))
 
@@ -110,6 +110,13 @@ def write_markdown(sweep: dict, an: dict, path: Path, img_rel: str, command: str
         "queueing). The Mooncake trace is the synthetic trace published with Mooncake "
         "(kvcache-ai/Mooncake, FAST25-release/traces, Apache License 2.0), replayed "
         "unmodified.\n")
+    add("**Baselines.** This page reproduces the paper, so its ratios divide by the paper's "
+        "baselines: `vllm+` (a state every block) and `paper-sglang+` (Marconi admission with "
+        "LRU eviction; the paper's SGLang+). Neither is what stock SGLang keeps as a server "
+        "runs it (a state at every chunked-prefill boundary, SGLang's branch rule, decode "
+        "snapshots): the simulator has that as `sglang` (its hits equal `ab`'s stock SGLang "
+        "cache request for request: `scripts/bench_baseline_agreement.py`), and docs/beyond.md "
+        "and README state marconi's gains against it.\n")
     # setup
     add("## Setup\n")
     add("Models:\n")
@@ -122,8 +129,8 @@ def write_markdown(sweep: dict, an: dict, path: Path, img_rel: str, command: str
             "short / long requests"), [_workload_row(w, an) for w in cfg.workloads])
     add("Capacities are chosen per (model, workload) so that eviction matters: the smallest "
         "useful cache holds the longest request (its KV and two states); call f0 the share of "
-        "the `infinite` policy's hit tokens that the LRU baseline (`sglang+`) keeps there. "
-        "Target t is the capacity at which `sglang+` keeps f0 + t(1 - f0) of them (t of the way "
+        "the `infinite` policy's hit tokens that the LRU baseline (`paper-sglang+`) keeps there. "
+        "Target t is the capacity at which `paper-sglang+` keeps f0 + t(1 - f0) of them (t of the way "
         "from the smallest useful cache to an unlimited one), found by probing capacities and "
         "interpolating. The capacity is also shown as a fraction of the `infinite` policy's "
         "peak bytes.\n")
@@ -133,30 +140,30 @@ def write_markdown(sweep: dict, an: dict, path: Path, img_rel: str, command: str
     # per-configuration results
     add("## Every configuration\n")
     add("Token hit rate per policy; `x inf` = share of the `infinite` policy's hit tokens; "
-        "ratio = marconi / vllm+ token hit rate; gain = marconi / sglang+ token hit rate - 1 "
+        "ratio = marconi / vllm+ token hit rate; gain = marconi / paper-sglang+ token hit rate - 1 "
         "(FLOPs: the same on prefill FLOPs saved); alpha = marconi's alpha at the end "
         "(bootstrap-tuned; `(untuned)` when the bootstrap window never completed).\n")
     for m in cfg.models:
         add(f"### {m}\n")
         tabled(("workload", "capacity (of inf peak)", "target", "vllm+ (x inf)",
-                "sglang+ (x inf)", "marconi (x inf)", "infinite", "alpha", "ratio",
+                "paper-sglang+ (x inf)", "marconi (x inf)", "infinite", "alpha", "ratio",
                 "gain", "FLOPs gain"), [_configuration_row(r) for r in an["rows"][m]])
     # Figs 7-8
-    add("## Figs. 7-8: token hit rate vs vllm+ and sglang+\n")
+    add("## Figs. 7-8: token hit rate vs vllm+ and paper-sglang+\n")
     add("As in the paper: the ratio marconi / vllm+ is averaged over every capacity and arrival "
         "rate of a workload family (configurations where vllm+ hits nothing give an infinite "
-        "ratio: they are counted, not averaged); the gain over sglang+ is the 95th percentile "
+        "ratio: they are counted, not averaged); the gain over paper-sglang+ is the 95th percentile "
         "over the same configurations (numpy's linear interpolation). The paper's figures "
         "are quoted beside ours (paper: LMSys / ShareGPT chat, SWE-bench agent traces; the "
         "Mooncake trace is not in the paper).\n")
     add(f"![ratio and gain]({img_rel}/fig7_8_ratio_gain.png)\n")
     tabled(("model", "family", "configs", "ratio vs vllm+ (mean)", "ratio range",
-            "configs with vllm+ = 0", "gain vs sglang+ (P95)", "gain (mean)",
+            "configs with vllm+ = 0", "gain vs paper-sglang+ (P95)", "gain (mean)",
             "FLOPs gain (P95)", "paper (ratio / gain)"), per_family(_ratio_gain_row))
     # why
     add("### Why ours differ: measurements\n")
     tabled(("model", "family", "alpha tuned", "final alpha: configs",
-            "marconi hits = sglang+ hits", "vllm+ x inf", "sglang+ x inf", "marconi x inf",
+            "marconi hits = paper-sglang+ hits", "vllm+ x inf", "paper-sglang+ x inf", "marconi x inf",
             "vllm+ states admitted / evicted (mean)", "vllm+ admitted nothing",
             "vllm+ requests not admitted", "vllm+ cache bytes in states",
             "marconi states admitted (mean)"), per_family(_why_row))
@@ -174,20 +181,20 @@ def write_markdown(sweep: dict, an: dict, path: Path, img_rel: str, command: str
         "best P95 reduction of marconi against either baseline in any configuration (the "
         "paper: up to 71.1% / 617 ms lower P95 TTFT than the baselines).\n")
     add(f"![TTFT]({img_rel}/fig9_ttft.png)\n")
-    tabled(("model", "family", "vllm+ P50 / P95", "sglang+ P50 / P95", "marconi P50 / P95",
+    tabled(("model", "family", "vllm+ P50 / P95", "paper-sglang+ P50 / P95", "marconi P50 / P95",
             "infinite P50 / P95", "best marconi P95 reduction",
-            "worst marconi P95 change vs sglang+"), per_family(_ttft_row))
+            "worst marconi P95 change vs paper-sglang+"), per_family(_ttft_row))
     # Fig 10
     add(f"## Fig. 10: hit rate by request length (short < {LONG_REQUEST:,} tokens)\n")
     add("Token hit rate of short and long requests per policy (mean over a family's "
-        "configurations), and marconi's relative change against sglang+: the worst for short "
+        "configurations), and marconi's relative change against paper-sglang+: the worst for short "
         "requests and the best for long ones over the configurations (the paper: short "
         "requests lose up to 3%, long ones gain up to 25.5%). '-' where a workload has no "
         "request in the bucket.\n")
     add(f"![length buckets]({img_rel}/fig10_length.png)\n")
-    tabled(("model", "family", "vllm+ short / long", "sglang+ short / long",
-            "marconi short / long", "short: worst marconi vs sglang+",
-            "long: best marconi vs sglang+"), per_family(_length_row))
+    tabled(("model", "family", "vllm+ short / long", "paper-sglang+ short / long",
+            "marconi short / long", "short: worst marconi vs paper-sglang+",
+            "long: best marconi vs paper-sglang+"), per_family(_length_row))
     # Fig 12
     if an["sens"]:
         add("## Fig. 12: sensitivity to the SSM:attention ratio and the state dimension\n")
@@ -200,10 +207,10 @@ def write_markdown(sweep: dict, an: dict, path: Path, img_rel: str, command: str
             "with N.\n")
         add(f"![sensitivity]({img_rel}/fig12_sensitivity.png)\n")
         tabled(("model", "layers and sizes", "configs", "ratio vs vllm+ (mean)",
-                "configs with vllm+ = 0", "gain vs sglang+ (mean)",
-                "FLOPs gain vs sglang+ (mean)"),
+                "configs with vllm+ = 0", "gain vs paper-sglang+ (mean)",
+                "FLOPs gain vs paper-sglang+ (mean)"),
                [_sens_summary_row(m, s) for m, s in an["sens_summary"].items()])
-        tabled(("model", "workload", "capacity", "vllm+", "sglang+", "marconi", "alpha",
+        tabled(("model", "workload", "capacity", "vllm+", "paper-sglang+", "marconi", "alpha",
                 "vllm+ states admitted", "ratio", "gain", "FLOPs gain"),
                [_sens_row(x) for x in an["sens"]])
     add("## Plots\n")
@@ -230,12 +237,12 @@ def explain(sweep: dict, an: dict) -> str:
                         f"(P95); the paper: {quoted}")
         a0 = f["alphas"].get("0", 0)
         bits.append(f"marconi ended with alpha = 0 (plain LRU eviction) in {a0} of {f['n']} "
-                    f"configurations, and its hit tokens equal sglang+'s in "
+                    f"configurations, and its hit tokens equal paper-sglang+'s in "
                     f"{f['identical_to_lru']} of {f['n']}")
-        bits.append(f"sglang+ already keeps {pct(f['of_inf']['sglang+'])} of the "
+        bits.append(f"paper-sglang+ already keeps {pct(f['of_inf']['paper-sglang+'])} of the "
                     f"`infinite` policy's hit tokens on average (marconi "
                     f"{pct(f['of_inf']['marconi'])}), so the room for a better eviction "
-                    f"order is at most {pct(1 - f['of_inf']['sglang+'])} of the ceiling")
+                    f"order is at most {pct(1 - f['of_inf']['paper-sglang+'])} of the ceiling")
         bits.append(f"vllm+ admits {f['vllm_admitted']:,.0f} states and evicts "
                     f"{f['vllm_evicted']:,.0f} per configuration on average (marconi admits "
                     f"{f['marconi_admitted']:,.0f}); states hold "

@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from sglang_marconi.policy.admission import branch_checkpoint
-
-NO_CAP = 1 << 30
+from sglang_marconi.policy.defaults import NO_CAP
 PLAN_ATTR = "marconi_plan"  # the attribute a request carries its plan in
 
 

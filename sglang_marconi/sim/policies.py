@@ -14,7 +14,7 @@
   ignored; a state shortage runs SGLang's MAMBA walk). Takes no ``max_states`` and ignores
   the simulator's ``--grid``.
 - ``vllm+``: a state at every ``block``-token boundary (32), LRU eviction.
-- ``sglang+``: Marconi admission, LRU eviction (alpha 0).
+- ``paper-sglang+``: Marconi admission, LRU eviction (alpha 0).
 - ``marconi``: Marconi admission, FLOP-aware eviction, alpha tuned by bootstrap (``alpha=auto``,
   ``k`` = bootstrap multiplier), fixed (``alpha=0.7``) or online (``alpha=online``, shadow
   caches for ``alphas=0/0.5/1/2`` over a ``window``, re-decided every ``period`` requests,
@@ -37,12 +37,18 @@ from dataclasses import dataclass
 
 from sglang_marconi.errors import UserError
 from sglang_marconi.policy import defaults
+from sglang_marconi.policy.defaults import NO_CAP
+from sglang_marconi.policy.admission import SGLangGrids, sglang_grid, sglang_track_grid
 from sglang_marconi.policy.cache import PrefixCache
 from sglang_marconi.policy.likelihood import ReuseWeight
+from sglang_marconi.policy.mirror import sglang_image
 from sglang_marconi.policy.offline import offline_cache
 from sglang_marconi.policy.stock import StockSGLangCache
 
-BASE_POLICIES = ("vllm+", "sglang+", "marconi", "infinite")
+BASE_POLICIES = ("vllm+", "paper-sglang+", "marconi", "infinite")
+# names that meant something else before: an error that says what to write now
+RENAMED = {"sglang+": "write paper-sglang+ for the paper's LRU baseline (Marconi admission, "
+                      "LRU), or sglang for stock SGLang as a server runs it"}
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,8 @@ class PolicySpec:
 def parse_policy(text: str) -> PolicySpec:
     parts = [p for p in text.strip().split(":")]
     name = parts[0]
+    if name in RENAMED:
+        raise UserError(f"policy {name!r} was renamed: {RENAMED[name]}")
     if name not in POLICY_BUILDERS:
         raise UserError(f"unknown policy {name!r}; known: {', '.join(POLICY_BUILDERS)}")
     options = []
@@ -154,8 +162,38 @@ def _marconi_plus(p, spec, cap, grid):
     ghost = _number(p, "ghost", float, defaults.GHOST_FACTOR, 0.0)
     ghost_tokens = ghost_budget(ghost, spec, cap)
     threshold = _number(p, "end_threshold", float, defaults.END_THRESHOLD, 0.0) if ghost_tokens else None
-    return PrefixCache(spec, cap, grid=grid, reuse_weight=weight, ghost_tokens=ghost_tokens,
-                       end_threshold=threshold, **_common(p))
+    plus = dict(reuse_weight=weight, ghost_tokens=ghost_tokens, end_threshold=threshold)
+    if _materialise(p) is not None:
+        return _in_sglang(p, spec, cap, alpha=0.0, **plus)
+    return PrefixCache(spec, cap, grid=grid, **plus, **_common(p))
+
+
+def _materialise(p: PolicySpec):
+    """``materialise=sglang``: keep only what SGLang snapshots (``admission.SGLangGrids``:
+    ``chunk``, ``page``, ``track`` as the server's flags); ``plan`` (default): the states
+    Marconi plans, wherever they are."""
+    how = p.option("materialise", "plan")
+    if how not in ("plan", "sglang"):
+        raise UserError(f"policy {p.label!r}: materialise must be plan or sglang, got {how!r}")
+    if how == "plan":
+        for key in ("chunk", "page", "track"):
+            if p.option(key) is not None:
+                raise UserError(f"policy {p.label!r}: option {key} needs materialise=sglang")
+        return None
+    page = _number(p, "page", int, 64, 1)
+    grid = sglang_grid(page)
+    return SGLangGrids(chunk=_number(p, "chunk", int, 8192), page=page, grid=grid,
+                       track_grid=sglang_track_grid(grid, _number(p, "track", int, 256, 1)))
+
+
+def _in_sglang(p: PolicySpec, spec, cap, alpha, **plus):
+    """Marconi as the SGLang plugin runs it: SGLang's branch rule and eviction timing
+    (``mirror.sglang_image``), its snapshot grids, and the plugin's default of no
+    per-request cap (``max_states`` sets one)."""
+    grids = _materialise(p)
+    return sglang_image(spec, cap, extra_buffer=True, grid=grids.grid, alpha=alpha,
+                        max_states_per_request=_number(p, "max_states", int, NO_CAP, 0),
+                        renormalise=False, materialise=grids, **plus)
 
 
 def _sglang(p, spec, cap, grid):
@@ -178,7 +216,7 @@ POLICY_BUILDERS = {
     "vllm+": lambda p, spec, cap, grid: PrefixCache(
         spec, cap, alpha=0.0, admission="block", block=_number(p, "block", int, 32, 1), grid=grid,
         **_common(p)),
-    "sglang+": lambda p, spec, cap, grid: PrefixCache(spec, cap, alpha=0.0, grid=grid,
+    "paper-sglang+": lambda p, spec, cap, grid: PrefixCache(spec, cap, alpha=0.0, grid=grid,
                                                       **_common(p)),
     "marconi": lambda p, spec, cap, grid: PrefixCache(
         spec, cap, alpha=_alpha(p), grid=grid,
@@ -191,10 +229,11 @@ POLICY_BUILDERS = {
 POLICY_OPTIONS = {
     "sglang": ("chunk", "track", "page", "overlap", "kv_tokens", "state_slots"),
     "vllm+": ("block", "max_states"),
-    "sglang+": ("max_states",),
+    "paper-sglang+": ("max_states",),
     "marconi": ("alpha", "k", "max_states", "alphas", "window", "period", "hysteresis",
                 "sample"),
     "infinite": ("max_states",),
-    "marconi+": ("bonus", "half_life", "chain", "ghost", "end_threshold", "max_states"),
+    "marconi+": ("bonus", "half_life", "chain", "ghost", "end_threshold", "max_states",
+                 "materialise", "chunk", "page", "track"),
     "offline": ("ghost", "max_states"),
 }

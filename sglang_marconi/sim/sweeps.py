@@ -9,12 +9,12 @@
   a few extra measurements (states held at the end, the alpha tuner's window, per-phase
   FLOPs).
 - ``calibrate``: per (model, workload), the ``infinite`` ceiling and capacities at which the
-  LRU baseline (``sglang+``) keeps given fractions of the ceiling's hit tokens, so every
+  LRU baseline (``paper-sglang+``) keeps given fractions of the ceiling's hit tokens, so every
   capacity of a sweep is one where eviction matters.
 - ``run_tasks``: many replays in parallel processes (fork) with a tqdm bar over
   configurations.
 - aggregations the paper uses: the token hit rate ratio marconi / vllm+ averaged over
-  configurations, the gain over sglang+ at the 95th percentile over configurations.
+  configurations, the gain over paper-sglang+ at the 95th percentile over configurations.
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ import numpy as np
 from sglang_marconi.model.layers import AttentionLayer, MLPLayer, SSMLayer
 from sglang_marconi.model.presets import PAPER_D, PAPER_N, preset_spec
 from sglang_marconi.model.spec import HybridModelSpec, dtype_bytes
+from sglang_marconi.policy.stock import StockSGLangCache
 from sglang_marconi.sim.latency import LatencyModel
 from sglang_marconi.sim.policies import build_cache, parse_policy
 from sglang_marconi.sim.runner import summarize
@@ -181,6 +182,14 @@ class Task:
         return (self.model, self.workload.label, self.capacity, self.policy, self.tag)
 
 
+def _held(cache) -> tuple:
+    """(states, KV tokens, bytes) the cache holds at the end: the policy core's tree, or
+    the faithful stock baseline's (``policy.stock``, which keeps its own tree)."""
+    if isinstance(cache, StockSGLangCache):
+        return cache.tree_states, cache.tree_kv_tokens, cache.tree_bytes
+    return cache.tree.num_states, cache.tree.num_kv_tokens, cache.tree.bytes_used
+
+
 def run_config(task: Task, latency: LatencyModel | None = None) -> dict:
     """Replay one configuration: the runner's ``summarize`` metrics plus extras."""
     latency = latency or LatencyModel()
@@ -195,13 +204,12 @@ def run_config(task: Task, latency: LatencyModel | None = None) -> dict:
         hits[i] = cache.process(r.input_tokens, r.full_tokens)
     wall = time.perf_counter() - start
     out = summarize(cache, trace, hits, spec, latency, wall)
-    tree = cache.tree
+    states, kv_tokens, held = _held(cache)
     out.update(
         model=task.model, workload=task.workload.label, family=task.workload.family,
         rate=task.workload.rate, capacity=task.capacity, policy=task.policy, tag=task.tag,
-        states_held=tree.num_states, kv_tokens_held=tree.num_kv_tokens,
-        bytes_held=tree.bytes_used,
-        state_bytes_held=tree.num_states * spec.ssm_state_bytes,
+        states_held=states, kv_tokens_held=kv_tokens, bytes_held=held,
+        state_bytes_held=states * spec.ssm_state_bytes,
         requests=len(requests),
     )
     out.pop("alpha_scores", None)
@@ -232,7 +240,7 @@ def run_config(task: Task, latency: LatencyModel | None = None) -> dict:
 
 
 # ---- calibration -------------------------------------------------------------------------------
-def calibrate(model: str, workload: WorkloadRef, targets, lru_policy: str = "sglang+") -> dict:
+def calibrate(model: str, workload: WorkloadRef, targets, lru_policy: str = "paper-sglang+") -> dict:
     """The ``infinite`` ceiling of (model, workload) and one capacity per target t.
 
     The smallest useful cache holds the longest request (its KV plus two states): call the
@@ -359,7 +367,7 @@ class Comparison:
 
     configs: list = field(default_factory=list)  # (workload, capacity)
     ratio_vs_vllm: list = field(default_factory=list)     # marconi / vllm+ token hit rate
-    gain_vs_sglang: list = field(default_factory=list)    # marconi / sglang+ - 1
+    gain_vs_sglang: list = field(default_factory=list)    # marconi / paper-sglang+ - 1
     flops_gain_vs_sglang: list = field(default_factory=list)
 
     @property
@@ -396,7 +404,7 @@ def _ratio(a: float, b: float) -> float:
 
 
 def compare(records: list, model: str, family: str, policy: str = "marconi",
-            vllm: str = "vllm+", lru: str = "sglang+") -> Comparison:
+            vllm: str = "vllm+", lru: str = "paper-sglang+") -> Comparison:
     """The paper's comparisons over every (workload, capacity) of ``family`` on ``model``:
     token hit rate ratio ``policy`` / ``vllm`` and relative gain over ``lru``."""
     table: dict = {}

@@ -1,0 +1,91 @@
+"""The simulator's Marconi as SGLang lets the plugin keep it (``materialise=sglang``, issue 18):
+only the snapshots SGLang takes (chunk boundaries, the branch point inside its chunk, the
+last prefill chunk, the last decode-track snapshot), decided as the plugin decides
+(``sglang_integration.admission_plans``), so the simulator's figure is one the integration
+can keep.
+
+Measured with ``ab`` (paper-7b, 100 GiB unified, whole bundled trace, default flags):
+``ab``'s marconi+ 20.56% of prefill FLOPs saved; the simulator's ``marconi+`` 22.06% (the
+states it plans), ``marconi+:materialise=sglang`` 19.47% with identical hits for 3,672 of
+3,993 requests (the rest: eviction order under pressure). Where nothing is evicted the
+hits are identical request for request (the slice below).
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+from cli_helper import run_cli
+
+from sglang_marconi.cli import ab as ab_cli
+from sglang_marconi.driver.sizing import size_pools
+from sglang_marconi.errors import UserError
+from sglang_marconi.model import preset_spec
+from sglang_marconi.policy.admission import SGLangGrids, plan_marconi_in_sglang
+from sglang_marconi.reports import baseline_agreement as agreement
+from sglang_marconi.sim.policies import build_cache, parse_policy
+from sglang_marconi.sim.traces import read_trace
+
+G = SGLangGrids()  # chunk 8192, page 64, grid 64, track grid 256
+
+
+def test_chunk_states_within_the_budget_and_the_input_end_as_an_end_candidate():
+    mp = plan_marconi_in_sglang(20000, 10, 0, 0, G, chunk_budget=1)
+    assert mp.intermediate == (8192,)          # the second chunk state is over the budget
+    assert mp.ends == (19968,)                 # the last chunk's grid-floored end
+    assert mp.end == 19968 and mp.branch == 0
+
+
+def test_the_branch_replaces_the_end_of_its_chunk():
+    mp = plan_marconi_in_sglang(20000, 10, 0, 5000, G, chunk_budget=0)
+    assert mp.intermediate == (5000,)          # chunk [0, 8192) snapshots the branch
+    assert mp.ends == (19968,) and mp.branch == 5000
+
+
+def test_a_decode_snapshot_is_a_second_end_candidate():
+    mp = plan_marconi_in_sglang(1000, 600, 0, 0, G, chunk_budget=5)
+    assert mp.intermediate == ()
+    assert mp.ends == (960, 1536)              # input end, then the last 256-grid snapshot
+    assert mp.end == 960                       # the plugin sees the input end first
+
+
+def test_a_branch_in_the_last_chunk_leaves_no_input_end_state():
+    mp = plan_marconi_in_sglang(1000, 5, 0, 512, G, chunk_budget=5)
+    assert mp.intermediate == (512,) and mp.ends == ()
+    assert mp.end == 960                       # the branch stands in the end state's place
+
+
+def test_nothing_beyond_the_hit_is_no_end():
+    mp = plan_marconi_in_sglang(1000, 5, 960, 0, G, chunk_budget=5)
+    assert mp.end == 0 and mp.intermediate == ()
+
+
+def test_options_need_materialise_sglang(paper_spec):
+    with pytest.raises(UserError, match="option chunk needs materialise=sglang"):
+        build_cache(parse_policy("marconi+:chunk=4096"), paper_spec, 10**10, 64)
+    with pytest.raises(UserError, match="materialise must be plan or sglang"):
+        build_cache(parse_policy("marconi+:materialise=yes"), paper_spec, 10**10, 64)
+
+
+def test_same_hits_and_states_as_abs_marconi_plus_where_nothing_is_evicted(mooncake_path):
+    """The first 200 requests of the bundled trace in a 400 GiB unified buffer (nothing is
+    evicted): the simulator's ``marconi+:materialise=sglang`` hits what ``ab``'s marconi+
+    (the plugin in SGLang's cache objects) hits, request for request, and keeps as many
+    states; the planning simulator (``marconi+``) does not (it keeps no chunk states)."""
+    pytest.importorskip("sglang")
+    spec, limit, gib = preset_spec("paper-7b"), 200, 400
+    argv = agreement.ab_argv(mooncake_path, "paper-7b", gib, limit)
+    argv[argv.index("stock")] = "marconi+"
+    ab = json.loads(run_cli(ab_cli, *argv[1:]))["caches"]["marconi+"]
+    capacity = agreement.sim_capacity(size_pools(spec, gib, "unified"))
+    trace = read_trace(mooncake_path).head(limit)
+    got = {}
+    for policy in ("marconi+:materialise=sglang", "marconi+"):
+        cache = build_cache(parse_policy(policy), spec, capacity, 64, trace)
+        got[policy] = ([cache.process(r.input_tokens, r.full_tokens) for r in trace.requests],
+                       cache.stats)
+    hits, stats = got["marconi+:materialise=sglang"]
+    assert stats.states_evicted == 0 and ab["states_evicted"] == 0
+    assert hits == ab["hit_tokens_per_request"]
+    assert stats.states_admitted == ab["states_admitted"]
+    assert got["marconi+"][0] != ab["hit_tokens_per_request"]
