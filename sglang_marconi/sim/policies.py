@@ -29,6 +29,13 @@
   FLOPs saved per byte, end states kept only if reused later, the ghost index. A heuristic
   reference, not an optimum.
 Options every policy but ``sglang`` takes: ``max_states`` (per request, default 2).
+``marconi`` and ``marconi+`` also take ``materialise=sglang``: keep only the states SGLang's
+extra buffer snapshots, decided as the ``--cache-policy marconi`` plugin decides (chunk
+boundaries at ``chunk`` (8192), the branch point inside its chunk, the last prefill chunk and
+the last decode-track snapshot on ``track`` (256), grid lcm(64, ``page``)), with SGLang's
+branch rule and eviction timing and the plugin's default of no per-request cap: the
+simulator's figure for what the integration keeps (``materialise=plan``, the default, keeps
+the states Marconi plans wherever they are, as the paper's simulator).
 """
 from __future__ import annotations
 
@@ -155,6 +162,14 @@ def ghost_budget(ghost: float, spec, cap) -> int | None:
     return max(1, int(ghost * cap / per_token))
 
 
+def _marconi(p, spec, cap, grid):
+    knobs = dict(bootstrap_multiplier=_number(p, "k", float, defaults.BOOTSTRAP_MULTIPLIER, 0.1),
+                 online=_online(p))
+    if _materialise(p) is not None:
+        return _in_sglang(p, spec, cap, alpha=_alpha(p), **knobs)
+    return PrefixCache(spec, cap, alpha=_alpha(p), grid=grid, **knobs, **_common(p))
+
+
 def _marconi_plus(p, spec, cap, grid):
     weight = ReuseWeight(branch_bonus=_number(p, "bonus", float, defaults.BRANCH_BONUS, 0.0),
                          half_life=_number(p, "half_life", float, math.inf, 1.0),
@@ -218,9 +233,7 @@ POLICY_BUILDERS = {
         **_common(p)),
     "paper-sglang+": lambda p, spec, cap, grid: PrefixCache(spec, cap, alpha=0.0, grid=grid,
                                                       **_common(p)),
-    "marconi": lambda p, spec, cap, grid: PrefixCache(
-        spec, cap, alpha=_alpha(p), grid=grid,
-        bootstrap_multiplier=_number(p, "k", float, defaults.BOOTSTRAP_MULTIPLIER, 0.1), online=_online(p), **_common(p)),
+    "marconi": _marconi,
     "infinite": lambda p, spec, cap, grid: PrefixCache(spec, None, alpha=0.0, grid=grid,
                                                        **_common(p)),
     "marconi+": _marconi_plus,
@@ -231,7 +244,7 @@ POLICY_OPTIONS = {
     "vllm+": ("block", "max_states"),
     "paper-sglang+": ("max_states",),
     "marconi": ("alpha", "k", "max_states", "alphas", "window", "period", "hysteresis",
-                "sample"),
+                "sample", "materialise", "chunk", "page", "track"),
     "infinite": ("max_states",),
     "marconi+": ("bonus", "half_life", "chain", "ghost", "end_threshold", "max_states",
                  "materialise", "chunk", "page", "track"),
