@@ -4,11 +4,10 @@ last prefill chunk, the last decode-track snapshot), decided as the plugin decid
 (``sglang_integration.admission_plans``), so the simulator's figure is one the integration
 can keep.
 
-Measured with ``ab`` (paper-7b, 100 GiB unified, whole bundled trace, default flags):
-``ab``'s marconi+ 20.56% of prefill FLOPs saved; the simulator's ``marconi+`` 22.06% (the
-states it plans), ``marconi+:materialise=sglang`` 19.47% with identical hits for 3,672 of
-3,993 requests (the rest: eviction order under pressure). Where nothing is evicted the
-hits are identical request for request (the slice below).
+Where nothing is evicted the hits and the states kept are identical request for request
+(the slice below). Under pressure the simulator's eviction is not SGLang's: on the whole
+bundled trace (paper-7b, 100 GiB unified) ``ab``'s marconi+ saves 20.56% of prefill FLOPs,
+``marconi+:materialise=sglang`` 19.22% (docs/usage.md has the measurements).
 """
 from __future__ import annotations
 

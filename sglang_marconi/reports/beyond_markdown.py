@@ -68,11 +68,15 @@ def write_markdown(b: dict, an: dict, path: Path, img_rel: str, command: str) ->
         f"The target set against the paper's baseline: marconi+ saves >= {TARGET_RATIO}x the "
         f"FLOPs of LRU (`paper-sglang+`, Marconi admission with LRU eviction) at 100 GB: "
         f"**{times(an['target_ratio'])}, {v}**.\n")
-    add("The simulator's marconi+ keeps the states its admission plans. Inside SGLang the "
-        "server also takes a state at every chunked-prefill boundary and publishes the last "
-        "decode-track snapshot, which the plugin must admit or drop; what marconi+ saves "
-        "there against real stock on the same bytes is `ab`'s figure (README, \"Results in "
-        "one picture\").\n")
+    add("The simulator's marconi+ keeps the states its admission plans, on the paper's "
+        "1-token checkpoint grid (as `paper-sglang+`, `marconi`, `infinite` and `offline` "
+        "here), while `sglang` keeps what SGLang 0.5.23 keeps, on its 64-token grid. Inside "
+        "SGLang the plugin can keep only what the server snapshots (chunk boundaries, the "
+        "branch point inside its chunk, the last prefill chunk, the last decode-track "
+        "snapshot, all on the 64-token grid): what marconi+ saves there against real stock on "
+        "the same bytes is `ab`'s figure (README, \"Results in one picture\"; "
+        "`sim ... --policies marconi+:materialise=sglang` models those snapshots, docs/usage.md)."
+        "\n")
     add(f"![Mooncake]({img_rel}/beyond_mooncake.png)\n")
     add(cmd + "\n")
     rows = []

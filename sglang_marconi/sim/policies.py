@@ -33,9 +33,9 @@ Options every policy but ``sglang`` takes: ``max_states`` (per request, default 
 extra buffer snapshots, decided as the ``--cache-policy marconi`` plugin decides (chunk
 boundaries at ``chunk`` (8192), the branch point inside its chunk, the last prefill chunk and
 the last decode-track snapshot on ``track`` (256), grid lcm(64, ``page``)), with SGLang's
-branch rule and eviction timing and the plugin's default of no per-request cap: the
-simulator's figure for what the integration keeps (``materialise=plan``, the default, keeps
-the states Marconi plans wherever they are, as the paper's simulator).
+branch rule and the plugin's default of no per-request cap: the plugin's hits exactly
+while nothing is evicted; its eviction stays the simulator's (``materialise=plan``, the
+default, keeps the states Marconi plans wherever they are, as the paper's simulator).
 """
 from __future__ import annotations
 
@@ -48,7 +48,6 @@ from sglang_marconi.policy.defaults import NO_CAP
 from sglang_marconi.policy.admission import SGLangGrids, sglang_grid, sglang_track_grid
 from sglang_marconi.policy.cache import PrefixCache
 from sglang_marconi.policy.likelihood import ReuseWeight
-from sglang_marconi.policy.mirror import sglang_image
 from sglang_marconi.policy.offline import offline_cache
 from sglang_marconi.policy.stock import StockSGLangCache
 
@@ -202,13 +201,14 @@ def _materialise(p: PolicySpec):
 
 
 def _in_sglang(p: PolicySpec, spec, cap, alpha, **plus):
-    """Marconi as the SGLang plugin runs it: SGLang's branch rule and eviction timing
-    (``mirror.sglang_image``), its snapshot grids, and the plugin's default of no
-    per-request cap (``max_states`` sets one)."""
+    """Marconi as the SGLang plugin runs it: SGLang's snapshot grids and branch rule
+    (``PrefixCache``'s ``branch_rule="kv"``) and the plugin's default of no per-request cap
+    (``max_states`` sets one). Eviction stays the simulator's (room made when a request's
+    states are inserted): under pressure it differs from SGLang's (docs/usage.md)."""
     grids = _materialise(p)
-    return sglang_image(spec, cap, extra_buffer=True, grid=grids.grid, alpha=alpha,
-                        max_states_per_request=_number(p, "max_states", int, NO_CAP, 0),
-                        renormalise=False, materialise=grids, **plus)
+    return PrefixCache(spec, cap, alpha=alpha, grid=grids.grid, branch_rule="kv",
+                       max_states_per_request=_number(p, "max_states", int, NO_CAP, 0),
+                       materialise=grids, **plus)
 
 
 def _sglang(p, spec, cap, grid):
