@@ -329,6 +329,12 @@ class PrefixCache:
                 seq = full[:pos[-1]]
                 if self.evict_at == "begin" or self._make_room(seq, pos):
                     out, new = self.tree.insert(seq, pos, plan.index + self.insert_clock_offset)
+                    if mp.branch in out:
+                        # SGLang's tree splits at pages: the KV match ends on one, so the
+                        # branch state's node is a split point there, where this token-level
+                        # tree may split later inside the page (the reuse weight's bonus)
+                        node = out[mp.branch]
+                        node.max_children = max(node.max_children, 2)
                     self.stats.states_admitted += new
                     self.stats.admissions_truncated += i > 0
                     break
