@@ -33,7 +33,8 @@ from __future__ import annotations
 import logging
 import os
 
-from sgl_kernel import STAND_INS, ops  # the stand-in package beside this one
+import sgl_kernel  # the stand-in package beside this one
+from sgl_kernel import STAND_INS, ops
 
 logger = logging.getLogger("marconi_cpu_testkit")
 
@@ -43,7 +44,17 @@ FORWARDS = (
 )
 EXTRA_BUFFER_PLATFORM = \
     "sglang.srt.arg_groups.mamba_hook._platform_supports_mamba_cache_extra_buffer"
+FORWARD_MODES = ("replaced", "real")
 _done = False
+
+
+def forward_mode() -> str:
+    """``MARCONI_CPU_TESTKIT_FORWARD``: ``replaced`` (default) or ``real``."""
+    mode = os.environ.get("MARCONI_CPU_TESTKIT_FORWARD", "replaced")
+    if mode not in FORWARD_MODES:
+        raise ValueError(f"MARCONI_CPU_TESTKIT_FORWARD={mode!r}: expected one of "
+                         f"{', '.join(FORWARD_MODES)}")
+    return mode
 
 
 class _SglKernelOps:
@@ -102,8 +113,16 @@ def register() -> None:
     if not torch.cuda.is_available():
         torch.cuda.current_stream = lambda device=None: _SynchronousStream()
     setattr(torch.ops, "sgl_kernel", _SglKernelOps())
-    for target in FORWARDS:
-        HookRegistry.register(target, replaced_forward, HookType.REPLACE)
+    if forward_mode() == "replaced":
+        for target in FORWARDS:
+            HookRegistry.register(target, replaced_forward, HookType.REPLACE)
+    else:
+        from marconi_cpu_testkit import torch_kernels  # heavy: transformers, real forward only
+        sgl_kernel.provide(torch_kernels.KERNELS)
+        for target, fn in torch_kernels.FORWARD_REPLACEMENTS.items():
+            HookRegistry.register(target, fn, HookType.REPLACE)
     HookRegistry.register(EXTRA_BUFFER_PLATFORM, _extra_buffer_supported, HookType.REPLACE)
     _done = True
-    logger.warning("marconi_cpu_testkit: model forward replaced, CPU shims active (tests only)")
+    logger.warning("marconi_cpu_testkit: model forward %s, CPU shims active (tests only)",
+                   "replaced" if forward_mode() == "replaced" else
+                   "real (torch versions of the sgl_kernel GDN ops)")
