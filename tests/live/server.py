@@ -81,6 +81,7 @@ class LiveServer:
     max_running: int = 4
     forward: str = "replaced"   # "real": the model's own forward (needs real weights)
     load_format: str = "dummy"  # "safetensors" for written weights
+    extra_env: dict = field(default_factory=dict)
     port: int = 0
     proc: subprocess.Popen | None = None
     log_path: Path | None = None
@@ -110,7 +111,7 @@ class LiveServer:
         self.log_path = Path(name)
         self._log = os.fdopen(fd, "w")
         t0 = time.monotonic()
-        self.proc = subprocess.Popen(self.command(), env=live_env(forward=self.forward), stdout=self._log,
+        self.proc = subprocess.Popen(self.command(), env={**live_env(forward=self.forward), **self.extra_env}, stdout=self._log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      start_new_session=True)
         try:

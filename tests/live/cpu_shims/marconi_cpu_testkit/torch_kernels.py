@@ -128,7 +128,7 @@ def chunk_gated_delta_rule_cpu(q, k, v, g, beta, initial_state, cu_seqlens,
         slot = int(initial_state_indices[n])
         state = initial_state[slot].float().transpose(-1, -2)[None]  # [1, HV, K, V]
         for c0 in range(starts[n], starts[n + 1], FLA_CHUNK):
-            chunk_states.append(state[0].transpose(-1, -2))
+            chunk_states.append(state[0].transpose(-1, -2).clone())
             c1 = min(c0 + FLA_CHUNK, starts[n + 1])
             o, state = torch_chunk_gated_delta_rule(
                 q[:, c0:c1], k[:, c0:c1], v[:, c0:c1].float(), g[:, c0:c1].float(),
