@@ -191,8 +191,43 @@ def fused_gate_sigmoid_mul_add(hidden_states, gate_weight, shared_output,
     final_hidden_states += gate * shared_output
 
 
+def _track_rows(cache_indices, mamba_track_mask, mamba_track_indices, batch_size,
+                check_freed_slots):
+    """(source, destination) slots of the rows the track mask selects."""
+    mask = mamba_track_mask[:batch_size].bool()
+    src = cache_indices[:batch_size].long()[mask]
+    dst = mamba_track_indices[:batch_size].long()[mask]
+    if check_freed_slots:
+        keep = (src >= 0) & (dst >= 0)
+        src, dst = src[keep], dst[keep]
+    return src, dst
+
+
+def track_mamba_states_if_needed(conv_states, ssm_states, cache_indices, mamba_track_mask,
+                                 mamba_track_indices, batch_size, check_freed_slots=False):
+    """extra_buffer's decode snapshot (a Triton kernel in SGLang): copy the running
+    slot's conv and SSM state into its track slot, for the rows the mask selects."""
+    src, dst = _track_rows(cache_indices, mamba_track_mask, mamba_track_indices,
+                           batch_size, check_freed_slots)
+    conv_states[dst] = conv_states[src]
+    ssm_states[dst] = ssm_states[src]
+
+
+def track_mamba_states_all_layers(conv_states_pool, ssm_states_pool, cache_indices,
+                                  mamba_track_mask, mamba_track_indices, batch_size,
+                                  check_freed_slots=False):
+    """The same copy for every layer at once (pools ``[layers, slots, ...]``)."""
+    src, dst = _track_rows(cache_indices, mamba_track_mask, mamba_track_indices,
+                           batch_size, check_freed_slots)
+    conv_states_pool[:, dst] = conv_states_pool[:, src]
+    ssm_states_pool[:, dst] = ssm_states_pool[:, src]
+
+
+_BACKEND = "sglang.srt.layers.attention.hybrid_linear_attn_backend"
 # HookRegistry REPLACE targets -> their torch versions
 FORWARD_REPLACEMENTS = {
+    f"{_BACKEND}.track_mamba_states_if_needed": track_mamba_states_if_needed,
+    f"{_BACKEND}.track_mamba_states_all_layers": track_mamba_states_all_layers,
     "sglang.kernels.ops.attention.fla.fused_norm_gate.FusedRMSNormGated.forward":
         fused_rmsnorm_gated_forward,
     "sglang.srt.models.qwen2_moe.fused_gate_sigmoid_mul_add": fused_gate_sigmoid_mul_add,
