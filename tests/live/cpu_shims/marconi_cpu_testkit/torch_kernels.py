@@ -56,6 +56,14 @@ def _conv_window(window: torch.Tensor, weight: torch.Tensor, bias, activation,
     return _activate(out[..., -out_len:], activation)
 
 
+def _sequences(cu_seqlens, slots):
+    """(index, slot, start, end) of each packed sequence; padded rows (slot < 0) skipped."""
+    starts = cu_seqlens.tolist()
+    for n in range(len(starts) - 1):
+        if int(slots[n]) >= 0:
+            yield n, int(slots[n]), starts[n], starts[n + 1]
+
+
 def causal_conv1d_fn_cpu(x, weight, bias, activation=None, conv_states=None,
                          has_initial_state=None, cache_indices=None, query_start_loc=None,
                          seq_lens_cpu=None, block_table=None, **_):
@@ -64,17 +72,12 @@ def causal_conv1d_fn_cpu(x, weight, bias, activation=None, conv_states=None,
     dim, width = weight.shape
     state_len = conv_states.shape[-1]
     out = torch.zeros(x.shape, dtype=torch.float32)
-    starts = query_start_loc.tolist()
-    for n in range(len(starts) - 1):
-        slot = int(cache_indices[n])
-        if slot < 0:
-            continue
-        xs = x[:, starts[n]:starts[n + 1]].float()
+    for n, slot, s0, s1 in _sequences(query_start_loc, cache_indices):
+        xs = x[:, s0:s1].float()
         prev = (conv_states[slot].float() if has_initial_state is not None
                 and bool(has_initial_state[n]) else torch.zeros(dim, state_len))
         window = torch.cat([prev, xs], dim=-1)
-        out[:, starts[n]:starts[n + 1]] = _conv_window(window[None], weight, bias,
-                                                       activation, xs.shape[-1])[0]
+        out[:, s0:s1] = _conv_window(window[None], weight, bias, activation, s1 - s0)[0]
         conv_states[slot] = window[:, -state_len:].to(conv_states.dtype)
     return out.to(x.dtype)
 
@@ -122,22 +125,19 @@ def chunk_gated_delta_rule_cpu(q, k, v, g, beta, initial_state, cu_seqlens,
     num_v_heads = v.shape[2]
     q, k = _heads_as_v(q, num_v_heads), _heads_as_v(k, num_v_heads)
     out = torch.zeros(v.shape, dtype=torch.float32)
-    starts = cu_seqlens.tolist()
     finals, chunk_states = [], []
-    for n in range(len(starts) - 1):
-        slot = int(initial_state_indices[n])
+    for _, slot, s0, s1 in _sequences(cu_seqlens, initial_state_indices):
         state = initial_state[slot].float().transpose(-1, -2)[None]  # [1, HV, K, V]
-        for c0 in range(starts[n], starts[n + 1], FLA_CHUNK):
+        for c0 in range(s0, s1, FLA_CHUNK):
             chunk_states.append(state[0].transpose(-1, -2).clone())
-            c1 = min(c0 + FLA_CHUNK, starts[n + 1])
+            c1 = min(c0 + FLA_CHUNK, s1)
             o, state = torch_chunk_gated_delta_rule(
                 q[:, c0:c1], k[:, c0:c1], v[:, c0:c1].float(), g[:, c0:c1].float(),
                 beta[:, c0:c1].float(), chunk_size=FLA_CHUNK, initial_state=state,
                 output_final_state=True, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
             out[:, c0:c1] = o
         final = state[0].transpose(-1, -2)
-        if slot >= 0:
-            initial_state[slot] = final.to(initial_state.dtype)
+        initial_state[slot] = final.to(initial_state.dtype)
         finals.append(final)
     h = torch.stack(chunk_states)[None] if chunk_states else None
     return out.to(v.dtype), torch.stack(finals), h
@@ -155,12 +155,7 @@ def fused_sigmoid_gating_delta_rule_update_cpu(A_log, dt_bias, q, k, v, a, b,
     q, k = _heads_as_v(q, num_v_heads), _heads_as_v(k, num_v_heads)
     g, beta = gdn_gates(A_log, a, b, dt_bias, softplus_beta, softplus_threshold)
     out = torch.zeros(v.shape, dtype=torch.float32)
-    starts = cu_seqlens.tolist()
-    for n in range(len(starts) - 1):
-        slot = int(initial_state_indices[n])
-        if slot < 0:
-            continue
-        s0, s1 = starts[n], starts[n + 1]
+    for _, slot, s0, s1 in _sequences(cu_seqlens, initial_state_indices):
         state = initial_state_source[slot].float().transpose(-1, -2)[None]
         o, state = torch_recurrent_gated_delta_rule(
             q[:, s0:s1], k[:, s0:s1], v[:, s0:s1].float(), g[None, s0:s1], beta[None, s0:s1],
