@@ -135,6 +135,7 @@ class Comparison:
     max_rel: float          # max |logprob diff| / |reference logprob| over them
     diverged_at: int | None  # first position with a different token, if any
     margin_at_divergence: float | None  # the reference's top-1 lead there
+    length: int = 0          # the reference's output tokens
 
     @property
     def clear_divergence(self) -> bool:
@@ -165,7 +166,8 @@ def compare(ref: Step, got: Step) -> Comparison:
                 max_rel = max(max_rel, _rel(lp, shared[tok]))
         diverged, margin = j, _margin(ref.top[j])
         break
-    return Comparison(got.name, got.cached_tokens, n, max_rel, diverged, margin)
+    return Comparison(got.name, got.cached_tokens, n, max_rel, diverged, margin,
+                      len(ref.output_ids))
 
 
 def compare_all(reference: list, got: list) -> list:
@@ -268,4 +270,14 @@ def scenario_table(result: dict) -> list:
             hit = "/".join(str(r["cached_tokens"]) for r in reqs if r["cached_tokens"])
             cells.append(f"{worst:.1e} hit {hit or '-'}")
         lines.append(f"{label:31s} " + " ".join(f"{x:>22s}" for x in cells))
+    same = [identical_tokens(result["configs"][c]["requests"]) for c in cfgs]
+    lines.append(f"{'identical greedy tokens':31s} " + " ".join(
+        f"{f'{n} of {total}':>22s}" for n, total in same))
     return lines
+
+
+def identical_tokens(requests: list) -> tuple:
+    """(output tokens equal to the reference's before any divergence, the reference's
+    output tokens)."""
+    same = sum(r["positions"] - (r["diverged_at"] is not None) for r in requests)
+    return same, sum(r["length"] for r in requests)
