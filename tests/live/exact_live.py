@@ -20,6 +20,7 @@ from pathlib import Path
 
 import requests
 
+from farm import ServerFarm
 from server import BUFFERS, POLICIES, LiveServer
 from tiny_models import write_tiny_weights
 
@@ -227,8 +228,6 @@ def problems(cfg, reference: list, got: list) -> list:
 def run_all(root: Path, seed: int = 0, log=print) -> dict:
     """Every configuration and the negative control against the reference, one server
     at a time (the next one starting in the background); a JSON-able result."""
-    from farm import ServerFarm  # the live harness's farm (tests/live)
-
     model = write_model(root, seed)
     order = [REFERENCE, *CONFIGS, NEGATIVE]
     farm = ServerFarm(order, lambda cfg: server_for(model, cfg).start())
