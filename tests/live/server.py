@@ -111,7 +111,8 @@ class LiveServer:
         self.log_path = Path(name)
         self._log = os.fdopen(fd, "w")
         t0 = time.monotonic()
-        self.proc = subprocess.Popen(self.command(), env={**live_env(forward=self.forward), **self.extra_env}, stdout=self._log,
+        env = {**live_env(forward=self.forward), **self.extra_env}
+        self.proc = subprocess.Popen(self.command(), env=env, stdout=self._log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      start_new_session=True)
         try:
