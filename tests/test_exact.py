@@ -160,6 +160,16 @@ def test_cli_unknown_arch_exits_2(capsys):
     assert err.count("\n") == 0 and "mamba9" in err
 
 
+def test_cli_live_without_the_harness_exits_2(capsys, monkeypatch, tmp_path):
+    """``--live`` needs a source checkout's tests/live: one line naming the folder."""
+    from sglang_marconi.cli import main, verify_exact
+
+    monkeypatch.setattr(verify_exact, "LIVE_HARNESS", tmp_path / "tests" / "live")
+    assert main(["verify-exact", "--live"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "tests/live" in err
+
+
 def test_cli_list_and_json(capsys):
     from sglang_marconi.cli import main
 

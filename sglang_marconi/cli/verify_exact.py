@@ -3,15 +3,24 @@
     python -m sglang_marconi verify-exact --arch bamba [--seed 0] [--json]
     python -m sglang_marconi verify-exact --arch all
     python -m sglang_marconi verify-exact --list
+    python -m sglang_marconi verify-exact --live [--seed 0] [--json]
+
+``--live`` runs SGLang's own Qwen3-Next code in live CPU servers (a source checkout's
+tests/live harness, docs/exactness.md "Live"): cached vs uncached outputs per scenario.
 
 Exit status: 0 all PASS, 1 a FAIL, 2 bad input (unknown arch).
 """
 from __future__ import annotations
 
 import json
+import sys
+import tempfile
 from dataclasses import replace
+from pathlib import Path
 
 from sglang_marconi.errors import UserError
+
+LIVE_HARNESS = Path(__file__).resolve().parents[2] / "tests" / "live"
 
 
 def add_arguments(parser) -> None:
@@ -20,6 +29,10 @@ def add_arguments(parser) -> None:
                         help="seed of the weights and request tokens (default 0)")
     parser.add_argument("--json", action="store_true", help="print the full results as JSON")
     parser.add_argument("--list", action="store_true", help="list the architectures and exit")
+    parser.add_argument("--live", action="store_true",
+                        help="SGLang's own Qwen3-Next code in live CPU servers: stock, marconi "
+                             "and marconi+ (no_buffer, extra_buffer) against a server with "
+                             "the radix cache off, plus the negative control (minutes)")
     g = parser.add_argument_group("controls (each should make the check FAIL)")
     g.add_argument("--ssm-offset", type=int, default=0, metavar="N",
                    help="negative control: take branch-point SSM states N tokens off")
@@ -33,6 +46,8 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from sglang_marconi.exact.archs import ARCHS, get_arch
 
+    if args.live:
+        return run_live(args)
     if args.list:
         for arch in ARCHS.values():
             print(f"{arch.name:12s} {arch.title}")
@@ -92,3 +107,36 @@ def print_result(res, arch) -> None:
     if res.ssm_offset:
         print(f"negative control: branch-point states taken {res.ssm_offset:+d} token(s) off")
     print("PASS" if res.passed else "FAIL")
+
+
+def run_live(args) -> int:
+    if not (LIVE_HARNESS / "exact_live.py").is_file():
+        raise UserError(f"--live needs a source checkout: {LIVE_HARNESS} not found")
+    sys.path.insert(0, str(LIVE_HARNESS))
+    import exact_live  # heavy: the live harness (sglang, servers)
+
+    log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
+    with tempfile.TemporaryDirectory(prefix="verify-exact-live-") as root:
+        result = exact_live.run_all(Path(root), seed=args.seed, log=log)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print_live(result, exact_live)
+    return 0 if result["passed"] else 1
+
+
+def print_live(result: dict, exact_live) -> None:
+    print(f"verify-exact --live: tiny Qwen3-Next, fp32, seeded weights (seed {result['seed']}); "
+          f"max |logprob - uncached| / |uncached| per scenario and configuration "
+          f"(tolerance {result['rel_tol']:.0e}), cached_tokens of its requests")
+    for line in exact_live.scenario_table(result):
+        print(line)
+    for cfg, res in result["configs"].items():
+        for p in res["problems"]:
+            print(f"FAIL {cfg}: {p}")
+    neg = result["negative_control"]
+    print(f"negative control (every copied SSM state scaled by {1 + neg['perturb']:g}, stock "
+          f"no_buffer): max rel diff of resumed requests {neg['max_rel_resumed']:.2e} = "
+          f"{neg['max_rel_resumed'] / result['rel_tol']:.0f}x the tolerance "
+          f"({'breaks it' if neg['breaks_tolerance'] else 'DOES NOT break it'})")
+    print("PASS" if result["passed"] else "FAIL")

@@ -57,9 +57,11 @@ def _other_model_modules() -> str:
                     if not m.ispkg and m.name not in SERVED_MODEL_MODULES)
 
 
-def live_env(base: dict | None = None) -> dict:
-    """The environment of a live CPU server: SGLang's CPU engine and the test plugin."""
+def live_env(base: dict | None = None, forward: str = "replaced") -> dict:
+    """The environment of a live CPU server: SGLang's CPU engine and the test plugin
+    (``forward``: ``replaced``, or ``real`` with torch versions of the GDN kernels)."""
     env = dict(os.environ if base is None else base)
+    env["MARCONI_CPU_TESTKIT_FORWARD"] = forward
     env["PYTHONPATH"] = os.pathsep.join(
         [str(SHIMS)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     env.update(MARCONI_CPU_TESTKIT="1", SGLANG_USE_CPU_ENGINE="1",
@@ -77,6 +79,9 @@ class LiveServer:
     max_total_tokens: int = 4096
     mamba_slots: int = 32
     max_running: int = 4
+    forward: str = "replaced"   # "real": the model's own forward (needs real weights)
+    load_format: str = "dummy"  # "safetensors" for written weights
+    extra_env: dict = field(default_factory=dict)
     port: int = 0
     proc: subprocess.Popen | None = None
     log_path: Path | None = None
@@ -90,7 +95,7 @@ class LiveServer:
     def command(self) -> list[str]:
         return [sys.executable, "-m", "sglang_marconi.launch_server",
                 "--model-path", str(self.model_path), "--device", "cpu",
-                "--load-format", "dummy", "--host", "127.0.0.1", "--port", str(self.port),
+                "--load-format", self.load_format, "--host", "127.0.0.1", "--port", str(self.port),
                 "--max-total-tokens", str(self.max_total_tokens),
                 "--max-mamba-cache-size", str(self.mamba_slots),
                 "--max-running-requests", str(self.max_running),
@@ -106,7 +111,8 @@ class LiveServer:
         self.log_path = Path(name)
         self._log = os.fdopen(fd, "w")
         t0 = time.monotonic()
-        self.proc = subprocess.Popen(self.command(), env=live_env(), stdout=self._log,
+        env = {**live_env(forward=self.forward), **self.extra_env}
+        self.proc = subprocess.Popen(self.command(), env=env, stdout=self._log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      start_new_session=True)
         try:

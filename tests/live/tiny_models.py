@@ -92,3 +92,23 @@ def write_tiny_model(folder: Path, arch: str) -> Path:
         "model_max_length": 32768, "add_bos_token": False}))
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": EOS_ID}))
     return folder
+
+
+def write_tiny_weights(folder: Path, arch: str, seed: int = 0, std: float = 0.1) -> Path:
+    """Seeded random fp32 weights for ``arch`` in ``folder`` (``model.safetensors``, HF
+    names): transformers' own model class initialised with ``initializer_range=std``
+    (norms, ``A_log`` and ``dt_bias`` by its own rules). SGLang's dummy loader draws
+    U(-1e-3, 1e-3): every logprob is then about -ln V and a wrong state moves nothing;
+    at 0.02 the GDN states are so small that a 1% state error stays below 1e-6 in the
+    logits (docs/exactness.md), hence 0.1."""
+    import torch  # heavy: only the real-forward tests write weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder = write_tiny_model(folder, arch)
+    config = AutoConfig.from_pretrained(folder)
+    config.initializer_range = std
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(folder, safe_serialization=True)
+    (folder / "config.json").write_text(json.dumps(CONFIGS[arch], indent=1))
+    return folder

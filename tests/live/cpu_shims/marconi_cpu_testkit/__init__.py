@@ -21,7 +21,12 @@ starts (``marconi_cpu_testkit-0.1.dist-info`` beside this folder: the folder is 
    stand-ins that raise if called; every other op name looks absent to ``hasattr``, as on
    a machine without the AMX build (``utils/patch_torch.py`` register_fake_if_exists, the
    AMX probe, ``models/utils.py`` fused qk-norm probe).
-4. torch here is a CUDA build without a driver: ``torch.get_device_module()`` with no
+4. With ``MARCONI_CPU_TESTKIT_FORWARD=real`` the model's own forward runs instead of 1.,
+   on torch versions of the ``sgl_kernel`` GDN ops and of the few Triton kernels a CPU
+   without AMX reaches (``torch_kernels.py``); ``MARCONI_CPU_TESTKIT_PERTURB_STATE=x``
+   scales every state ``MambaPool.copy_from`` copies by ``1 + x`` (the exactness tests'
+   negative control).
+5. torch here is a CUDA build without a driver: ``torch.get_device_module()`` with no
    argument answers ``torch.cpu`` and ``Tensor.pin_memory()`` returns the tensor
    (``models/qwen3_next.py``, ``managers/schedule_batch.py`` extra_buffer track mask);
    ``torch.cuda.current_stream()`` answers a stream whose waits return at once (CPU work
@@ -33,7 +38,8 @@ from __future__ import annotations
 import logging
 import os
 
-from sgl_kernel import STAND_INS, ops  # the stand-in package beside this one
+import sgl_kernel  # the stand-in package beside this one
+from sgl_kernel import STAND_INS, ops
 
 logger = logging.getLogger("marconi_cpu_testkit")
 
@@ -43,7 +49,18 @@ FORWARDS = (
 )
 EXTRA_BUFFER_PLATFORM = \
     "sglang.srt.arg_groups.mamba_hook._platform_supports_mamba_cache_extra_buffer"
+MAMBA_COPY = "sglang.srt.mem_cache.memory_pool.MambaPool.copy_from"
+FORWARD_MODES = ("replaced", "real")
 _done = False
+
+
+def forward_mode() -> str:
+    """``MARCONI_CPU_TESTKIT_FORWARD``: ``replaced`` (default) or ``real``."""
+    mode = os.environ.get("MARCONI_CPU_TESTKIT_FORWARD", "replaced")
+    if mode not in FORWARD_MODES:
+        raise ValueError(f"MARCONI_CPU_TESTKIT_FORWARD={mode!r}: expected one of "
+                         f"{', '.join(FORWARD_MODES)}")
+    return mode
 
 
 class _SglKernelOps:
@@ -53,6 +70,23 @@ class _SglKernelOps:
         if name in STAND_INS["sgl_kernel.ops"]:
             return getattr(ops, name)
         raise AttributeError(f"torch.ops.sgl_kernel.{name} (absent in the CPU test server)")
+
+
+def perturb_scale() -> float:
+    """``MARCONI_CPU_TESTKIT_PERTURB_STATE``: the negative control of the exactness tests;
+    every SSM state ``MambaPool.copy_from`` copies (a matched state copied into the
+    request's slot, a snapshot copied into the tree) is scaled by ``1 + value``."""
+    raw = os.environ.get("MARCONI_CPU_TESTKIT_PERTURB_STATE", "0")
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"MARCONI_CPU_TESTKIT_PERTURB_STATE={raw!r}: expected a number")
+
+
+def perturbed_copy_from(original, self, src_indices, dst_indices):
+    """``MambaPool.copy_from``, then the copied SSM states scaled (negative control)."""
+    original(self, src_indices, dst_indices)
+    self.mamba_cache.temporal[:, dst_indices] *= 1.0 + perturb_scale()
 
 
 def replaced_forward(self, input_ids, positions, forward_batch, *args, **kwargs):
@@ -102,8 +136,18 @@ def register() -> None:
     if not torch.cuda.is_available():
         torch.cuda.current_stream = lambda device=None: _SynchronousStream()
     setattr(torch.ops, "sgl_kernel", _SglKernelOps())
-    for target in FORWARDS:
-        HookRegistry.register(target, replaced_forward, HookType.REPLACE)
+    if forward_mode() == "replaced":
+        for target in FORWARDS:
+            HookRegistry.register(target, replaced_forward, HookType.REPLACE)
+    else:
+        from marconi_cpu_testkit import torch_kernels  # heavy: transformers, real forward only
+        sgl_kernel.provide(torch_kernels.KERNELS)
+        for target, fn in torch_kernels.FORWARD_REPLACEMENTS.items():
+            HookRegistry.register(target, fn, HookType.REPLACE)
+    if perturb_scale():
+        HookRegistry.register(MAMBA_COPY, perturbed_copy_from, HookType.AROUND)
     HookRegistry.register(EXTRA_BUFFER_PLATFORM, _extra_buffer_supported, HookType.REPLACE)
     _done = True
-    logger.warning("marconi_cpu_testkit: model forward replaced, CPU shims active (tests only)")
+    logger.warning("marconi_cpu_testkit: model forward %s, CPU shims active (tests only)",
+                   "replaced" if forward_mode() == "replaced" else
+                   "real (torch versions of the sgl_kernel GDN ops)")

@@ -47,8 +47,24 @@ STAND_INS = {
 }
 
 
+# module -> {name: implementation}: real ops that replace stand-ins (``provide``)
+PROVIDED: dict = {}
+
+
+def provide(kernels: dict) -> None:
+    """Serve ``kernels`` (module -> {name: function}) in place of the loud stand-ins,
+    for every later lookup (the test plugin calls it before SGLang imports the ops)."""
+    for modname, funcs in kernels.items():
+        unknown = set(funcs) - set(STAND_INS.get(modname, ()))
+        if unknown:
+            raise ValueError(f"{modname}: no stand-in named {sorted(unknown)}")
+        PROVIDED.setdefault(modname, {}).update(funcs)
+
+
 def _module_getattr(modname: str):
     def __getattr__(name: str):
+        if name in PROVIDED.get(modname, {}):
+            return PROVIDED[modname][name]
         if name in STAND_INS.get(modname, ()):
             return _loud(f"{modname}.{name}")
         raise AttributeError(f"module {modname!r} has no attribute {name!r} (CPU stand-in)")

@@ -1,0 +1,66 @@
+"""Cached outputs equal uncached ones through SGLang's own Qwen3-Next code (live, CPU).
+
+One server per configuration (``exact_live``): the reference with ``--disable-radix-cache``
+first, then stock / marconi / marconi+ under no_buffer (overlap off) and extra_buffer
+(overlap on), then the negative control; each gets the reference's inputs in order. A
+configuration passes when the scripted resumes really happened (``cached_tokens`` at the
+chunk, branch, decode-track and end states) and every output token equals the
+reference's where its top-1 lead is clear, with logprobs within a relative 1e-4.
+"""
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import pytest
+
+import exact_live as ex
+from farm import ServerFarm
+from tiny_models import VOCAB
+
+
+def _start(model_path, cfg):
+    return ex.server_for(model_path, cfg).start()
+
+
+@pytest.fixture(scope="module")
+def exact_farm(tmp_path_factory):
+    model = ex.write_model(tmp_path_factory.mktemp("exact-model"))
+    farm = ServerFarm([ex.REFERENCE, *ex.CONFIGS, ex.NEGATIVE], partial(_start, model))
+    yield farm
+    farm.close()
+
+
+@pytest.fixture(scope="module")
+def reference(exact_farm):
+    return ex.build_stream(exact_farm.get(ex.REFERENCE))
+
+
+def test_reference_is_uncached_and_its_logits_are_decisive(reference):
+    """Real weights, not SGLang's dummy U(-1e-3, 1e-3) (every logprob about -ln V): the
+    greedy token leads clearly on most positions and is far likelier than uniform."""
+    assert all(s.cached_tokens == 0 for s in reference)
+    tops = [t for s in reference for t in s.top]
+    clear = sum(ex._margin(t) >= ex.CLEAR_MARGIN for t in tops)
+    assert clear >= 0.9 * len(tops), f"{clear}/{len(tops)} positions with a clear lead"
+    mean_top = sum(t[0][0] for t in tops) / len(tops)
+    assert mean_top > -math.log(VOCAB) + 1.0, mean_top
+
+
+@pytest.mark.parametrize("cfg", ex.CONFIGS, ids=ex.config_id)
+def test_cached_outputs_equal_uncached(cfg, reference, exact_farm):
+    got = ex.replay(exact_farm.get(cfg), reference)
+    assert sum(s.cached_tokens > 0 for s in got) >= 6
+    assert ex.problems(cfg, reference, got) == []
+
+
+def test_negative_control_a_perturbed_resumed_state_breaks_the_tolerance(reference,
+                                                                         exact_farm):
+    """Stock no_buffer with every copied SSM state doubled: requests that resume
+    differ by orders of magnitude more than the tolerance; the others stay exact."""
+    steps = reference[:ex.NEGATIVE_STEPS]
+    comparisons = ex.compare_all(steps, ex.replay(exact_farm.get(ex.NEGATIVE), steps))
+    assert [c.cached_tokens > 0 for c in comparisons] == [False, True, True, True, True]
+    _, worst_resumed = ex.summary(comparisons)
+    assert worst_resumed > 100 * ex.REL_TOL, worst_resumed
+    assert all(c.max_rel <= ex.REL_TOL for c in comparisons if c.cached_tokens == 0)

@@ -1,0 +1,262 @@
+"""The torch versions of SGLang's ``sgl_kernel`` GDN CPU ops (tests/live/cpu_shims/
+marconi_cpu_testkit/torch_kernels.py) against independent references, fp32, random inputs.
+
+References: a naive per-token gated delta rule written here (SGLang's state layout
+``[HV, V, K]``), ``F.conv1d`` over the whole sequence for the causal conv, the closed form
+of the gates. Every op is also checked on packed batches with slot indirection and in
+split-and-resume form (the state written by one call, read by the next, equals one pass),
+which is what a prefix-cache hit does.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("sglang")
+import torch.nn.functional as F  # noqa: E402
+
+SHIMS = Path(__file__).resolve().parent / "live" / "cpu_shims"
+if str(SHIMS) not in sys.path:
+    sys.path.insert(0, str(SHIMS))
+
+from marconi_cpu_testkit import torch_kernels as tk  # noqa: E402
+
+H, HV, K, V = 2, 4, 16, 8          # q/k heads, value heads, key dim, value dim
+DIM, WIDTH = 24, 4                  # conv channels, conv kernel width
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def naive_gated_delta_rule(q, k, v, g, beta, state):
+    """Per token: S <- exp(g) S; S <- S + beta (v - S k) k^T; o = S q (q, k l2-normalised,
+    q scaled by K^-1/2). q, k ``[T, H, K]``, v ``[T, HV, V]``, g, beta ``[T, HV]``,
+    state ``[HV, V, K]``. Returns (o ``[T, HV, V]``, final state)."""
+    rep = HV // q.shape[1]
+    q = F.normalize(q.double(), dim=-1, eps=0).repeat_interleave(rep, 1) * K ** -0.5
+    k = F.normalize(k.double(), dim=-1, eps=0).repeat_interleave(rep, 1)
+    s = state.double().clone()
+    out = []
+    for t in range(q.shape[0]):
+        s = s * g[t].double().exp()[:, None, None]
+        pred = torch.einsum("hvk,hk->hv", s, k[t])
+        s = s + torch.einsum("hv,hk->hvk", (v[t].double() - pred) * beta[t].double()[:, None],
+                             k[t])
+        out.append(torch.einsum("hvk,hk->hv", s, q[t]))
+    o = torch.stack(out) if out else torch.zeros(0, HV, V)
+    return o.float(), s.float()
+
+
+def _gdn_inputs(n: int, seed: int):
+    gen = _gen(seed)
+    q = torch.randn(1, n, H, K, generator=gen)
+    k = torch.randn(1, n, H, K, generator=gen)
+    v = torch.randn(1, n, HV, V, generator=gen)
+    a = torch.randn(n, HV, generator=gen)
+    b = torch.randn(n, HV, generator=gen)
+    A_log = torch.rand(HV, generator=gen).log()
+    dt_bias = torch.randn(HV, generator=gen) * 0.5
+    return q, k, v, a, b, A_log, dt_bias
+
+
+def test_gdn_gating_matches_the_closed_form():
+    _, _, _, a, b, A_log, dt_bias = _gdn_inputs(50, 0)
+    a[0, 0] = 30.0  # above softplus's threshold: linear branch
+    g, beta = tk.fused_gdn_gating_cpu(A_log, a, b, dt_bias)
+    x = a + dt_bias
+    softplus = torch.where(x <= 20, torch.log1p(torch.exp(x)), x)
+    assert g.shape == beta.shape == (1, 50, HV) and g.dtype == torch.float32
+    torch.testing.assert_close(g[0], -A_log.exp() * softplus, **TOL)
+    torch.testing.assert_close(beta[0], 1 / (1 + torch.exp(-b)), **TOL)
+    assert (g <= 0).all()
+
+
+@pytest.mark.parametrize("lens", [(1,), (70,), (64, 5, 130)])
+def test_chunk_rule_matches_the_naive_recurrence_on_packed_slots(lens):
+    """Packed sequences (cu_seqlens) on pool slots 3, 0, 5 with random initial states: the
+    output and the state written back into each slot equal the naive recurrence, the
+    other slots stay untouched, ``h`` holds the state at every 64-token chunk start."""
+    n = sum(lens)
+    q, k, v, a, b, A_log, dt_bias = _gdn_inputs(n, 1)
+    g, beta = tk.fused_gdn_gating_cpu(A_log, a, b, dt_bias)
+    pool = torch.randn(8, HV, V, K, generator=_gen(2)) * 0.3
+    before = pool.clone()
+    slots = torch.tensor([3, 0, 5][:len(lens)], dtype=torch.int32)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    out, finals, h = tk.chunk_gated_delta_rule_cpu(
+        q=q, k=k, v=v, g=g, beta=beta, initial_state=pool, cu_seqlens=cu, head_first=False,
+        use_qk_l2norm_in_kernel=True, initial_state_indices=slots)
+    assert out.shape == v.shape
+    n_chunks = [(n_i + 63) // 64 for n_i in lens]
+    assert h.shape == (1, sum(n_chunks), HV, V, K)
+    chunk = 0
+    for i, (s0, s1) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+        ref_o, ref_s = naive_gated_delta_rule(q[0, s0:s1], k[0, s0:s1], v[0, s0:s1],
+                                              g[0, s0:s1], beta[0, s0:s1], before[slots[i]])
+        torch.testing.assert_close(out[0, s0:s1], ref_o, **TOL)
+        torch.testing.assert_close(pool[slots[i]], ref_s, **TOL)
+        torch.testing.assert_close(finals[i], ref_s, **TOL)
+        for c in range(n_chunks[i]):
+            _, at_c = naive_gated_delta_rule(
+                q[0, s0:s0 + 64 * c], k[0, s0:s0 + 64 * c], v[0, s0:s0 + 64 * c],
+                g[0, s0:s0 + 64 * c], beta[0, s0:s0 + 64 * c], before[slots[i]])
+            torch.testing.assert_close(h[0, chunk], at_c, **TOL)
+            chunk += 1
+    untouched = [j for j in range(8) if j not in slots.tolist()]
+    assert torch.equal(pool[untouched], before[untouched])
+
+
+def test_chunk_rule_matches_transformers_recurrent_reference():
+    """A second, independent reference: transformers' token-by-token
+    ``torch_recurrent_gated_delta_rule`` (state ``[K, V]``, so transposed)."""
+    from transformers.models.qwen3_next.modeling_qwen3_next import \
+        torch_recurrent_gated_delta_rule  # heavy: transformers' model module
+
+    q, k, v, a, b, A_log, dt_bias = _gdn_inputs(90, 3)
+    g, beta = tk.fused_gdn_gating_cpu(A_log, a, b, dt_bias)
+    pool = torch.randn(2, HV, V, K, generator=_gen(4)) * 0.3
+    init = pool[1].clone()
+    out, _, _ = tk.chunk_gated_delta_rule_cpu(
+        q=q, k=k, v=v, g=g, beta=beta, initial_state=pool,
+        cu_seqlens=torch.tensor([0, 90], dtype=torch.int32), head_first=False,
+        use_qk_l2norm_in_kernel=True, initial_state_indices=torch.tensor([1]))
+    ref_o, ref_s = torch_recurrent_gated_delta_rule(
+        q.repeat_interleave(2, 2), k.repeat_interleave(2, 2), v, g, beta,
+        initial_state=init.transpose(-1, -2)[None], output_final_state=True,
+        use_qk_l2norm_in_kernel=True)
+    torch.testing.assert_close(out, ref_o, **TOL)
+    torch.testing.assert_close(pool[1], ref_s[0].transpose(-1, -2), **TOL)
+
+
+def test_split_prefill_then_decode_equals_one_pass():
+    """Prefill 0..37 and 37..70 on one slot, then three decode steps (the recurrent op,
+    with its own gating) equal one naive pass over all 73 tokens: outputs and state."""
+    q, k, v, a, b, A_log, dt_bias = _gdn_inputs(73, 5)
+    g, beta = tk.fused_gdn_gating_cpu(A_log, a, b, dt_bias)
+    pool = torch.zeros(4, HV, V, K)
+    slot = torch.tensor([2], dtype=torch.int32)
+    outs = []
+    for s0, s1 in ((0, 37), (37, 70)):
+        o, _, _ = tk.chunk_gated_delta_rule_cpu(
+            q=q[:, s0:s1], k=k[:, s0:s1], v=v[:, s0:s1], g=g[:, s0:s1], beta=beta[:, s0:s1],
+            initial_state=pool, cu_seqlens=torch.tensor([0, s1 - s0], dtype=torch.int32),
+            head_first=False, use_qk_l2norm_in_kernel=True, initial_state_indices=slot)
+        outs.append(o[0])
+    for t in range(70, 73):
+        o = tk.fused_sigmoid_gating_delta_rule_update_cpu(
+            A_log=A_log, dt_bias=dt_bias, q=q[:, t:t + 1], k=k[:, t:t + 1], v=v[:, t:t + 1],
+            a=a[t:t + 1], b=b[t:t + 1], initial_state_source=pool, initial_state_indices=slot,
+            cu_seqlens=torch.tensor([0, 1], dtype=torch.int32), use_qk_l2norm_in_kernel=True,
+            softplus_beta=1.0, softplus_threshold=20.0)
+        assert o.shape == (1, 1, HV, V)
+        outs.append(o[0])
+    ref_o, ref_s = naive_gated_delta_rule(q[0], k[0], v[0], g[0], beta[0], torch.zeros(HV, V, K))
+    torch.testing.assert_close(torch.cat(outs), ref_o, **TOL)
+    torch.testing.assert_close(pool[2], ref_s, **TOL)
+
+
+def test_batched_decode_skips_padded_rows():
+    q, k, v, a, b, A_log, dt_bias = _gdn_inputs(3, 6)
+    g, beta = tk.fused_gdn_gating_cpu(A_log, a, b, dt_bias)
+    pool = torch.randn(5, HV, V, K, generator=_gen(7))
+    before = pool.clone()
+    slots = torch.tensor([4, -1, 1], dtype=torch.int32)
+    o = tk.fused_sigmoid_gating_delta_rule_update_cpu(
+        A_log=A_log, dt_bias=dt_bias, q=q, k=k, v=v, a=a, b=b, initial_state_source=pool,
+        initial_state_indices=slots, cu_seqlens=torch.arange(4, dtype=torch.int32),
+        use_qk_l2norm_in_kernel=True)
+    for row, slot in ((0, 4), (2, 1)):
+        ref_o, ref_s = naive_gated_delta_rule(q[0, row:row + 1], k[0, row:row + 1],
+                                              v[0, row:row + 1], g[0, row:row + 1],
+                                              beta[0, row:row + 1], before[slot])
+        torch.testing.assert_close(o[0, row], ref_o[0], **TOL)
+        torch.testing.assert_close(pool[slot], ref_s, **TOL)
+    assert torch.equal(pool[[0, 2, 3]], before[[0, 2, 3]])
+
+
+def _conv_inputs(n: int, seed: int):
+    gen = _gen(seed)
+    return (torch.randn(DIM, n, generator=gen), torch.randn(DIM, WIDTH, generator=gen),
+            torch.randn(DIM, generator=gen))
+
+
+def _conv_reference(x, weight, bias, prev):
+    """``F.conv1d`` over the previous ``WIDTH - 1`` inputs and ``x``, then silu."""
+    full = torch.cat([prev, x], dim=-1)
+    return F.silu(F.conv1d(full[None], weight[:, None], bias, groups=DIM)[0])
+
+
+def test_causal_conv_prefill_packed_with_and_without_initial_state():
+    lens = (5, 2, 9)
+    x, weight, bias = _conv_inputs(sum(lens), 8)
+    states = torch.randn(6, DIM, WIDTH - 1, generator=_gen(9))
+    before = states.clone()
+    slots = torch.tensor([1, 4, 2], dtype=torch.int32)
+    has_init = torch.tensor([True, True, False])
+    cu = torch.tensor([0, 5, 7, 16], dtype=torch.int32)
+    out = tk.causal_conv1d_fn_cpu(x.t().contiguous().t(), weight, bias, activation="silu",
+                                  conv_states=states, has_initial_state=has_init,
+                                  cache_indices=slots, query_start_loc=cu,
+                                  seq_lens_cpu=list(lens))
+    for i, (s0, s1) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+        prev = before[slots[i]] if has_init[i] else torch.zeros(DIM, WIDTH - 1)
+        torch.testing.assert_close(out[:, s0:s1], _conv_reference(x[:, s0:s1], weight, bias,
+                                                                  prev), **TOL)
+        # the state is the last WIDTH - 1 inputs, older ones from the previous state
+        torch.testing.assert_close(states[slots[i]],
+                                   torch.cat([prev, x[:, s0:s1]], -1)[:, -(WIDTH - 1):])
+    assert torch.equal(states[[0, 3, 5]], before[[0, 3, 5]])
+
+
+def test_causal_conv_split_prefill_then_decode_equals_one_pass():
+    x, weight, bias = _conv_inputs(20, 10)
+    states = torch.zeros(3, DIM, WIDTH - 1)
+    slot = torch.tensor([1], dtype=torch.int32)
+    parts = []
+    for s0, s1, init in ((0, 11, False), (11, 17, True)):
+        parts.append(tk.causal_conv1d_fn_cpu(
+            x[:, s0:s1], weight, bias, activation="silu", conv_states=states,
+            has_initial_state=torch.tensor([init]), cache_indices=slot,
+            query_start_loc=torch.tensor([0, s1 - s0], dtype=torch.int32),
+            seq_lens_cpu=[s1 - s0]))
+    for t in range(17, 20):
+        parts.append(tk.causal_conv1d_update_cpu(x[:, t][None], states, weight, bias, "silu",
+                                                 conv_state_indices=slot).t())
+    ref = _conv_reference(x, weight, bias, torch.zeros(DIM, WIDTH - 1))
+    torch.testing.assert_close(torch.cat(parts, dim=-1), ref, **TOL)
+    torch.testing.assert_close(states[1], x[:, -(WIDTH - 1):])
+
+
+def test_causal_conv_update_matches_transformers_reference():
+    from transformers.models.qwen3_next.modeling_qwen3_next import \
+        causal_conv1d_update  # heavy: transformers' model module
+
+    x, weight, bias = _conv_inputs(2, 11)
+    states = torch.randn(4, DIM, WIDTH - 1, generator=_gen(12))
+    ref_states = states[[3, 0]].clone()
+    out = tk.causal_conv1d_update_cpu(x.t(), states, weight, bias, "silu",
+                                      conv_state_indices=torch.tensor([3, 0]))
+    ref = causal_conv1d_update(x.t()[..., None], ref_states, weight, bias, "silu")[..., 0]
+    torch.testing.assert_close(out, ref, **TOL)
+    torch.testing.assert_close(states[[3, 0]], ref_states, **TOL)
+
+
+def test_gated_rmsnorm_and_shared_expert_gate():
+    """The two Triton kernels a CPU without AMX reaches, against their definitions."""
+    gen = _gen(13)
+    x, z = torch.randn(5, 16, generator=gen), torch.randn(5, 16, generator=gen)
+    norm = type("Norm", (), dict(weight=torch.randn(16, generator=gen), bias=None, eps=1e-6,
+                                 activation="silu"))()
+    rms = x / (x.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt()
+    torch.testing.assert_close(tk.fused_rmsnorm_gated_forward(norm, x, z),
+                               rms * norm.weight * F.silu(z), **TOL)
+    h, w = torch.randn(5, 16, generator=gen), torch.randn(16, generator=gen)
+    shared, final = torch.randn(5, 16, generator=gen), torch.randn(5, 16, generator=gen)
+    expected = final + torch.sigmoid(h @ w)[:, None] * shared
+    tk.fused_gate_sigmoid_mul_add(h, w, shared, final)
+    torch.testing.assert_close(final, expected, **TOL)
