@@ -70,7 +70,7 @@ class Decision:
     rule: str                     # "balance" | "cache_hit" | "min_load" | "round_robin" | "random"
     matched_chars: int = 0
     input_chars: int = 0
-    ambiguous: bool = False       # the tenant came from a hash-order pick (see router_tree)
+    ambiguous: bool = False       # a cache hit whose tenant was a hash-order pick (router_tree)
 
 
 def f32(x) -> np.float32:
@@ -136,7 +136,10 @@ class CacheAwareRouter:
             return Decision(0, "fallback_first", match.matched_chars, match.input_chars,
                             match.ambiguous)
         self.tree.insert(text, self.workers[idx])
-        return Decision(idx, rule, match.matched_chars, match.input_chars, match.ambiguous)
+        # a hash-order tenant pick matters only when the cache-hit path uses it (a match
+        # that stops at the root picks one too, but its rate is 0)
+        return Decision(idx, rule, match.matched_chars, match.input_chars,
+                        match.ambiguous and rule == "cache_hit")
 
     def tick(self, now: float) -> int:
         """Run the periodic evictions due by ``now`` (seconds); returns how many ran."""
