@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from typing import Callable, List, Optional
 
 from sglang_marconi.harness.ab import ABConfig, make_cache
-from sglang_marconi.harness.timing import quantile
 from sglang_marconi.serving.arrivals import arrivals_for_load, arrivals_scaled
+from sglang_marconi.serving.metrics import request_stats
 from sglang_marconi.serving.router import make_router, text_for_input_ids, tokens_within_chars
 from sglang_marconi.serving.scheduler import ServingScheduler
 
@@ -123,14 +123,11 @@ def build_cluster(cache_name: str, router_name: str, setup, replicas: int,
 def summarize_cluster(cluster: Cluster, spec, cache: str, router: str, load,
                       wall_s: float) -> dict:
     recs = cluster.records
-    done = [r for r in recs if r.finished is not None]
     admitted = [r for r in recs if r.hit_len is not None]
-    ttft = [r.first_token - r.arrival for r in done]
     span = max((s.now for s in cluster.replicas), default=0.0) or 1.0
+    stats = request_stats(recs, spec, span)
     inp = sum(r.input_len for r in admitted)
-    hit = sum(r.hit_len for r in admitted)
-    total_flops = sum(spec.prefill_flops(r.input_len) for r in admitted)
-    saved = sum(spec.flops_saved(r.hit_len, 0) for r in admitted)
+    hit = stats["hit_tokens"]
     per_replica = [len(sent) for sent in cluster.sent]
     mean_sent = sum(per_replica) / len(per_replica)
     believed = [cluster.routed[r.rid].believed_tokens for r in admitted]
@@ -143,17 +140,7 @@ def summarize_cluster(cluster: Cluster, spec, cache: str, router: str, load,
         "cache": cache,
         "replicas": len(cluster.replicas),
         "load": load,
-        "requests": len(recs),
-        "finished": len(done),
-        "aborted": sum(1 for r in recs if r.aborted),
-        "ttft_p50_s": quantile(ttft, 0.50),
-        "ttft_p95_s": quantile(ttft, 0.95),
-        "ttft_p99_s": quantile(ttft, 0.99),
-        "throughput_req_s": len(done) / span,
-        "flops_saved_fraction": saved / total_flops if total_flops else 0.0,
-        "token_hit_rate": hit / inp if inp else 0.0,
-        "hit_tokens": hit,
-        "flops_saved": saved,
+        **stats,
         "requests_per_replica": per_replica,
         "load_skew": max(per_replica) / mean_sent if mean_sent else 0.0,
         "router_rules": rules,
