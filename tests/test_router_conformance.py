@@ -14,10 +14,22 @@ fed the same sequence, with the workers in the binary's own order (``GET /worker
 registry is a hash map keyed by random UUIDs, so that order changes per run).
 
 round_robin is held to the same script; random is not (the binary's RNG is not seeded).
-Eviction is NOT checked here: its thread runs every ``--eviction-interval-secs`` (>= 1 s,
-wall clock), so when it fires relative to the script is not controllable, and its ties
-pop in a hash-dependent order; the test sets the interval to an hour and the cap to 2^26
-characters so it never changes the tree (eviction has unit tests in test_router.py).
+The main script sets the eviction interval to an hour and the cap to 2^26 characters, so
+eviction never changes the tree there.
+
+Eviction has its own script (``make_eviction_script``), because its thread fires on the
+wall clock (every ``--eviction-interval-secs``, 1 s here) at moments the test cannot
+choose. The script makes the moment irrelevant: every text starts with a character no
+other text starts with (a leaf of its own under the root, with its own epoch: no ties, and
+the 1-in-8 access refresh lands on the root, which is never evicted here); every worker
+stays within the cap until the last round, whose long texts push each over it and which
+that worker receives no more inserts after; then the test waits 2.5 s (at least two
+ticks; a second pass changes nothing), and asks for every surviving text again (no tree
+growth: a hit re-inserts a text its worker holds) and then the evicted ones (no match, so
+the first worker, whatever is evicted meanwhile). A text the binary evicted but the model
+kept (or the reverse) then goes to a different worker. Not covered: ties between equal
+epochs (their pop order in the binary depends on a hash order) and eviction racing a
+request that changes the same worker's leaves.
 """
 from __future__ import annotations
 
@@ -84,6 +96,40 @@ def make_script(seed: int = 21):
     return requests, steps
 
 
+EVICT_CAP = 120        # --max-tree-size of the eviction script (characters per worker)
+
+
+def make_eviction_script(rounds: int = 8):
+    """(requests, steps, quiet): phase A fills each worker to within EVICT_CAP, its last
+    round overflows every worker; ("evict", None) waits for the eviction thread; phase B
+    asks again. ``quiet`` lists the arrivals after which no worker may exceed the cap."""
+    requests, steps, quiet = [], [], set()
+
+    def body(k: int, length: int) -> dict:
+        text = chr(0x4E00 + k) + "".join(chr(ord("a") + (k * 7 + j) % 26)
+                                         for j in range(length - 1))
+        return {"text": text, "rid": f"evict-{len(requests)}",
+                "sampling_params": {"max_new_tokens": 1}}
+
+    for r in range(rounds):              # three arrivals per round: one per worker
+        last = r == rounds - 1
+        ids = []
+        for _ in range(N_WORKERS):
+            k = len(requests)
+            requests.append(body(k, 60 if last else 8 + (k * 5) % 13))
+            ids.append(k)
+            steps.append(("arrive", k))
+            if not last:
+                quiet.add(k)
+        steps.extend(("complete", k) for k in ids)
+    steps.append(("evict", None))
+    for k in range(len(requests)):       # phase B: every text again, one at a time
+        again = dict(requests[k], rid=f"again-{k}")
+        requests.append(again)
+        steps.extend([("arrive", len(requests) - 1), ("complete", len(requests) - 1)])
+    return requests, steps, quiet
+
+
 def request_text(body) -> str:
     return body["text"] if "text" in body else text_for_input_ids(body["input_ids"])
 
@@ -107,6 +153,9 @@ def replay_through_binary(router: RouterProcess, workers, order, requests, steps
         answers[i] = http_json(router.url + "/generate", requests[i], timeout=WAIT_S * 3)
 
     for action, i in steps:
+        if action == "evict":
+            time.sleep(2.5)              # at least two ticks of a 1 s eviction thread
+            continue
         rid = requests[i]["rid"]
         if action == "arrive":
             threads[i] = threading.Thread(target=post, args=(i,), daemon=True)
@@ -125,7 +174,9 @@ def replay_through_model(model, requests, steps, track_load: bool):
     loads = [0] * N_WORKERS
     chosen, rules, ambiguous = {}, {}, 0
     for action, i in steps:
-        if action == "arrive":
+        if action == "evict":
+            model.tree.evict_tenant_by_size(model.max_tree_size)
+        elif action == "arrive":
             decision = model.route(request_text(requests[i]), loads)
             chosen[i], rules[i] = decision.worker, decision.rule
             ambiguous += decision.ambiguous
@@ -172,3 +223,40 @@ def test_real_router_and_reimplementation_choose_the_same_worker(policy, stub_wo
         used = {rule for rule in rules.values()}
         assert {"balance", "cache_hit", "min_load"} <= used, used
         assert len(set(real)) == N_WORKERS
+
+
+def test_eviction_matches_the_real_router(stub_workers, tmp_path):
+    requests, steps, quiet = make_eviction_script()
+    phase_a = len(requests) // 2
+    # the premise: until the last round no worker exceeds the cap, so an eviction tick
+    # then changes nothing; phase B's hits add no characters
+    probe = CacheAwareRouter([w.url for w in stub_workers], **THRESHOLDS,
+                             max_tree_size=EVICT_CAP)
+    loads = [0] * N_WORKERS
+    for action, i in steps:
+        if action == "arrive" and i < phase_a:
+            loads[probe.route(request_text(requests[i]), loads).worker] += 1
+            if i in quiet:
+                assert max(probe.tree.tenant_char_count.values()) <= EVICT_CAP
+        elif action == "complete" and i < phase_a:
+            loads = [0] * N_WORKERS
+    assert all(size > EVICT_CAP for size in probe.tree.tenant_char_count.values())
+
+    flags = ["--cache-threshold", "0.3", "--balance-abs-threshold", "4",
+             "--balance-rel-threshold", "1.5", "--eviction-interval-secs", "1",
+             "--max-tree-size", str(EVICT_CAP)]
+    router = RouterProcess([w.url for w in stub_workers], "cache_aware", flags,
+                           log_path=tmp_path / "smg.log")
+    try:
+        order = router.wait_ready(N_WORKERS)
+        real = replay_through_binary(router, stub_workers, order, requests, steps)
+    finally:
+        router.stop()
+    model = CacheAwareRouter(order, **THRESHOLDS, max_tree_size=EVICT_CAP)
+    mine, rules, ambiguous = replay_through_model(model, requests, steps, track_load=True)
+    assert real == mine, [(i, real[i], mine[i], rules[i]) for i in range(len(real))
+                          if real[i] != mine[i]]
+    assert ambiguous == 0
+    hits = [rules[i] for i in range(phase_a, len(requests))].count("cache_hit")
+    evicted = len(requests) - phase_a - hits
+    assert hits > 0 and evicted >= N_WORKERS * 3          # several leaves per worker went

@@ -31,6 +31,9 @@ What is faithful, rule by rule:
 - character counts per tenant (``tenant_char_count``) are updated exactly where tree.rs
   updates them, including ``saturating_sub`` on eviction.
 
+Checked against the binary by tests/test_router_conformance.py (routing, and eviction on a
+script whose outcome does not depend on when the binary's eviction thread fires).
+
 Characters are Unicode code points in both languages (a Python ``str`` index is a Rust
 ``char``), so lengths and splits agree for any text.
 """
