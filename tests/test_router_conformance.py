@@ -219,6 +219,9 @@ def test_real_router_and_reimplementation_choose_the_same_worker(policy, stub_wo
     assert not mismatches, f"{len(mismatches)} of {N_REQUESTS} differ (i, real, mine, rule): " \
                            f"{mismatches[:10]}"
     assert ambiguous == 0
+    counts = {rule: list(rules.values()).count(rule) for rule in sorted(set(rules.values()))}
+    print(f"\n{policy}: {N_REQUESTS - len(mismatches)} of {N_REQUESTS} requests on the same "
+          f"worker as the binary; rules {counts}")
     if policy == "cache_aware":                # the script exercises all three rules
         used = {rule for rule in rules.values()}
         assert {"balance", "cache_hit", "min_load"} <= used, used
@@ -259,4 +262,6 @@ def test_eviction_matches_the_real_router(stub_workers, tmp_path):
     assert ambiguous == 0
     hits = [rules[i] for i in range(phase_a, len(requests))].count("cache_hit")
     evicted = len(requests) - phase_a - hits
+    print(f"\neviction: {len(requests)} of {len(requests)} requests on the same worker as "
+          f"the binary; asked again: {hits} found, {evicted} evicted")
     assert hits > 0 and evicted >= N_WORKERS * 3          # several leaves per worker went
