@@ -193,6 +193,9 @@ def test_cli_prints_one_row_per_router_and_cache(mooncake_path, capsys):
     (["--replicas", "2", "--router", "oracle"], "--router: unknown router 'oracle'"),
     (["--replicas", "2", "--clients", "4"], "--clients"),
     (["--replicas", "2", "--router", "cache_aware,cache_aware"], "--router: cache_aware twice"),
+    (["--replicas", "2", "--router-balance-abs-threshold", "-1"],
+     "router: the balance thresholds must be >= 0"),
+    (["--replicas", "2", "--plot", "x.png"], "--plot draws single-server runs"),
 ])
 def test_cli_errors(mooncake_path, capsys, argv, message):
     from sglang_marconi.cli.main import main

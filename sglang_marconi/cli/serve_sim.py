@@ -13,7 +13,7 @@ from sglang_marconi.cli.ab import _caches as parse_caches
 from sglang_marconi.cli.ab import _settings as settings_from_args
 from sglang_marconi.errors import UserError
 from sglang_marconi.serving.gpu_model import PRESETS
-from sglang_marconi.serving.router import ROUTERS
+from sglang_marconi.serving.router import ROUTERS, make_router
 
 COLUMNS = (  # (header, key, format)
     ("cache", "cache", "{}"), ("load", "load", "{}"),
@@ -105,11 +105,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--router", default=None,
                    help=f"comma-separated subset of {', '.join(ROUTERS)} (default with "
                         "--replicas > 1: cache_aware, the router's default)")
-    r.add_argument("--router-cache-threshold", type=float, default=0.3)
-    r.add_argument("--router-balance-abs-threshold", type=int, default=64)
-    r.add_argument("--router-balance-rel-threshold", type=float, default=1.5)
-    r.add_argument("--router-eviction-interval-secs", type=int, default=60)
-    r.add_argument("--router-max-tree-size", type=_positive, default=1 << 26)
+    r.add_argument("--router-cache-threshold", type=float, default=0.3,
+                   help="cache_aware: route on the match when matched / input characters "
+                        "is above this (sglang-router's --cache-threshold)")
+    r.add_argument("--router-balance-abs-threshold", type=int, default=64,
+                   help="cache_aware: balance when max - min in-flight exceeds this ...")
+    r.add_argument("--router-balance-rel-threshold", type=float, default=1.5,
+                   help="... and max exceeds this times min")
+    r.add_argument("--router-eviction-interval-secs", type=int, default=60,
+                   help="cache_aware: trim the tree every this many virtual seconds (0: "
+                        "never)")
+    r.add_argument("--router-max-tree-size", type=_positive, default=1 << 26,
+                   help="cache_aware: characters kept per replica at each trim")
     parser.add_argument("--limit", type=_positive, default=None,
                         help="only the first N requests")
     parser.add_argument("--bookkeeping", choices=("measured", "off"), default="measured",
@@ -207,13 +214,20 @@ def _run(args) -> int:
     if routers is not None and args.clients is not None:
         raise UserError("--clients (a closed loop of one server) does not combine with "
                         "--replicas / --router")
+    if routers is not None and args.plot:
+        raise UserError("--plot draws single-server runs; it does not combine with "
+                        "--replicas / --router")
+    if routers is not None:
+        options = router_options(args)
+        make_router("cache_aware", ["check"], **options)     # bad thresholds: fail early
     requests, setup, sizes = build_setup(args)
     config = {"trace": str(args.trace), "model": setup.spec.name, "requests": len(requests),
               "gpu": setup.time_model.gpu.as_dict(), "pools": sizes.as_dict(),
               "schedule_policy": args.schedule_policy, "bookkeeping": args.bookkeeping,
               "clients": args.clients}
     if routers is not None:
-        return _run_cluster(args, requests, setup, sizes, caches, loads, routers, config)
+        return _run_cluster(args, requests, setup, sizes, caches, loads, routers, options,
+                            config)
     result = run_grid(requests, setup, caches, loads, args.rate_scale,
                       show_progress=not args.no_progress)
     if args.plot:
@@ -230,14 +244,19 @@ def _run(args) -> int:
     return 0
 
 
-def _run_cluster(args, requests, setup, sizes, caches, loads, routers, config) -> int:
+def router_options(args) -> dict:
+    """cache_aware's thresholds from the ``--router-*`` flags."""
+    return {"cache_threshold": args.router_cache_threshold,
+            "balance_abs_threshold": args.router_balance_abs_threshold,
+            "balance_rel_threshold": args.router_balance_rel_threshold,
+            "eviction_interval_secs": args.router_eviction_interval_secs,
+            "max_tree_size": args.router_max_tree_size}
+
+
+def _run_cluster(args, requests, setup, sizes, caches, loads, routers, options,
+                 config) -> int:
     from sglang_marconi.serving.run import run_cluster_grid
 
-    options = {"cache_threshold": args.router_cache_threshold,
-               "balance_abs_threshold": args.router_balance_abs_threshold,
-               "balance_rel_threshold": args.router_balance_rel_threshold,
-               "eviction_interval_secs": args.router_eviction_interval_secs,
-               "max_tree_size": args.router_max_tree_size}
     runs = run_cluster_grid(requests, setup, args.replicas, routers, caches, loads,
                             args.rate_scale, options, show_progress=not args.no_progress)
     config.update(replicas=args.replicas, router_options=options)

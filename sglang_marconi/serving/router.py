@@ -95,6 +95,12 @@ class CacheAwareRouter:
             raise UserError("router: at least one worker is needed")
         if not 0.0 <= cache_threshold <= 1.0:
             raise UserError(f"router: cache_threshold must lie in [0, 1], got {cache_threshold}")
+        if balance_abs_threshold < 0 or balance_rel_threshold < 0:
+            raise UserError("router: the balance thresholds must be >= 0, got "
+                            f"{balance_abs_threshold} and {balance_rel_threshold}")
+        if eviction_interval_secs < 0:
+            raise UserError(f"router: eviction_interval_secs must be >= 0 (0: never), got "
+                            f"{eviction_interval_secs}")
         self.workers: List[str] = list(workers)
         self.cache_threshold = f32(cache_threshold)
         self.balance_abs_threshold = int(balance_abs_threshold)
