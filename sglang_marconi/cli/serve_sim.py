@@ -13,6 +13,7 @@ from sglang_marconi.cli.ab import _caches as parse_caches
 from sglang_marconi.cli.ab import _settings as settings_from_args
 from sglang_marconi.errors import UserError
 from sglang_marconi.serving.gpu_model import PRESETS
+from sglang_marconi.serving.router import ROUTERS, make_router
 
 COLUMNS = (  # (header, key, format)
     ("cache", "cache", "{}"), ("load", "load", "{}"),
@@ -26,6 +27,28 @@ COLUMNS = (  # (header, key, format)
     ("aborted", "aborted", "{}"), ("bk ms p99", "bookkeeping_ms_per_step_p99", "{:.2f}"),
     ("wall s", "wall_s", "{:.0f}"),
 )
+
+
+CLUSTER_COLUMNS = (  # (header, key, format)
+    ("router", "router", "{}"), ("cache", "cache", "{}"), ("N", "replicas", "{}"),
+    ("load", "load", "{}"), ("TTFT p50", "ttft_p50_s", "{:.3f}"), ("p95", "ttft_p95_s", "{:.3f}"),
+    ("FLOPs saved", "flops_saved_fraction", "{:.1%}"), ("hit", "token_hit_rate", "{:.1%}"),
+    ("skew", "load_skew", "{:.2f}"), ("belief gap", "belief_gap_fraction", "{:+.1%}"),
+    ("busy", "gpu_busy_fraction", "{:.0%}"), ("aborted", "aborted", "{}"),
+    ("wall s", "wall_s", "{:.0f}"),
+)
+
+
+def _routers(text: str) -> tuple:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    for n in names:
+        if n not in ROUTERS:
+            raise UserError(f"--router: unknown router {n!r} (choose from {', '.join(ROUTERS)})")
+        if names.count(n) > 1:
+            raise UserError(f"--router: {n} twice")
+    if not names:
+        raise UserError("--router: empty list")
+    return names
 
 
 def _loads(text: str) -> tuple:
@@ -73,6 +96,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a.add_argument("--seed", type=int, default=0, help="Poisson arrivals (no timestamps)")
     parser.add_argument("--caches", default="stock,marconi,marconi+",
                         help=f"comma-separated subset of {', '.join(CACHE_NAMES)}")
+    r = parser.add_argument_group(
+        "replicas behind a router (serving/cluster.py; the router is a re-implementation "
+        "of sglang-router 0.3.2, serving/router.py)")
+    r.add_argument("--replicas", type=_positive, default=1,
+                   help="independent SGLang servers (each --cache-gb, its own cache); "
+                        "--load is then the cluster's")
+    r.add_argument("--router", default=None,
+                   help=f"comma-separated subset of {', '.join(ROUTERS)} (default with "
+                        "--replicas > 1: cache_aware, the router's default)")
+    r.add_argument("--router-cache-threshold", type=float, default=0.3,
+                   help="cache_aware: route on the match when matched / input characters "
+                        "is above this (sglang-router's --cache-threshold)")
+    r.add_argument("--router-balance-abs-threshold", type=int, default=64,
+                   help="cache_aware: balance when max - min in-flight exceeds this ...")
+    r.add_argument("--router-balance-rel-threshold", type=float, default=1.5,
+                   help="... and max exceeds this times min")
+    r.add_argument("--router-eviction-interval-secs", type=int, default=60,
+                   help="cache_aware: trim the tree every this many virtual seconds (0: "
+                        "never)")
+    r.add_argument("--router-max-tree-size", type=_positive, default=1 << 26,
+                   help="cache_aware: characters kept per replica at each trim")
     parser.add_argument("--limit", type=_positive, default=None,
                         help="only the first N requests")
     parser.add_argument("--bookkeeping", choices=("measured", "off"), default="measured",
@@ -84,12 +128,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def format_table(runs: list) -> str:
-    rows = [[h for h, _, _ in COLUMNS]]
+def format_table(runs: list, columns=COLUMNS) -> str:
+    rows = [[h for h, _, _ in columns]]
     for r in runs:
         rows.append([fmt.format(r.get(key)) if r.get(key) is not None else "-"
-                     for _, key, fmt in COLUMNS])
-    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+                     for _, key, fmt in columns])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows)
 
 
@@ -164,13 +208,28 @@ def _run(args) -> int:
     if args.rate_scale is not None and not args.rate_scale >= 0:
         raise UserError(f"--rate-scale: expected a number >= 0, got {args.rate_scale}")
     loads = _loads(args.load)
+    routers = _routers(args.router) if args.router is not None else None
+    if routers is None and args.replicas > 1:
+        routers = ("cache_aware",)
+    if routers is not None and args.clients is not None:
+        raise UserError("--clients (a closed loop of one server) does not combine with "
+                        "--replicas / --router")
+    if routers is not None and args.plot:
+        raise UserError("--plot draws single-server runs; it does not combine with "
+                        "--replicas / --router")
+    if routers is not None:
+        options = router_options(args)
+        make_router("cache_aware", ["check"], **options)     # bad thresholds: fail early
     requests, setup, sizes = build_setup(args)
-    result = run_grid(requests, setup, caches, loads, args.rate_scale,
-                      show_progress=not args.no_progress)
     config = {"trace": str(args.trace), "model": setup.spec.name, "requests": len(requests),
               "gpu": setup.time_model.gpu.as_dict(), "pools": sizes.as_dict(),
               "schedule_policy": args.schedule_policy, "bookkeeping": args.bookkeeping,
               "clients": args.clients}
+    if routers is not None:
+        return _run_cluster(args, requests, setup, sizes, caches, loads, routers, options,
+                            config)
+    result = run_grid(requests, setup, caches, loads, args.rate_scale,
+                      show_progress=not args.no_progress)
     if args.plot:
         from sglang_marconi.serving.plots import plot_serving
 
@@ -182,4 +241,31 @@ def _run(args) -> int:
         print(f"serve-sim {args.trace}: {len(requests)} requests, model {setup.spec.name}; "
               f"{sizes.describe()}; {setup.time_model.describe()}")
         print(format_table(result["runs"]))
+    return 0
+
+
+def router_options(args) -> dict:
+    """cache_aware's thresholds from the ``--router-*`` flags."""
+    return {"cache_threshold": args.router_cache_threshold,
+            "balance_abs_threshold": args.router_balance_abs_threshold,
+            "balance_rel_threshold": args.router_balance_rel_threshold,
+            "eviction_interval_secs": args.router_eviction_interval_secs,
+            "max_tree_size": args.router_max_tree_size}
+
+
+def _run_cluster(args, requests, setup, sizes, caches, loads, routers, options,
+                 config) -> int:
+    from sglang_marconi.serving.run import run_cluster_grid
+
+    runs = run_cluster_grid(requests, setup, args.replicas, routers, caches, loads,
+                            args.rate_scale, options, show_progress=not args.no_progress)
+    config.update(replicas=args.replicas, router_options=options)
+    if args.json:
+        json.dump({"runs": runs, "config": config}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(f"serve-sim {args.trace}: {len(requests)} requests, {args.replicas} replicas "
+              f"of {sizes.describe()}; model {setup.spec.name}; "
+              f"{setup.time_model.describe()}")
+        print(format_table(runs, CLUSTER_COLUMNS))
     return 0

@@ -15,22 +15,17 @@ def _weighted_mean(values, weights) -> float:
     return sum(v * w for v, w in zip(values, weights)) / total if total else 0.0
 
 
-def summarize(sched, spec, cache: str, load, wall_s: float) -> dict:
-    recs = list(sched.records.values())
+def request_stats(recs, spec, span: float) -> dict:
+    """The per-request numbers of a run (one server's records, or a cluster's)."""
     done = [r for r in recs if r.finished is not None]
     admitted = [r for r in recs if r.hit_len is not None]
     ttft = [r.first_token - r.arrival for r in done]
     queue = [r.admitted - r.arrival for r in admitted]
-    span = sched.now or 1.0
-    steps = [s for s in sched.steps if s.kind != "idle"]
-    dur = [s.gpu_s + s.cache_s for s in steps]
     inp = sum(r.input_len for r in admitted)
     hit = sum(r.hit_len for r in admitted)
     total_flops = sum(spec.prefill_flops(r.input_len) for r in admitted)
     saved = sum(spec.flops_saved(r.hit_len, 0) for r in admitted)
     return {
-        "cache": cache,
-        "load": load,
         "requests": len(recs),
         "finished": len(done),
         "aborted": sum(1 for r in recs if r.aborted),
@@ -44,6 +39,17 @@ def summarize(sched, spec, cache: str, load, wall_s: float) -> dict:
         "token_hit_rate": hit / inp if inp else 0.0,
         "hit_tokens": hit,
         "flops_saved": saved,
+    }
+
+
+def summarize(sched, spec, cache: str, load, wall_s: float) -> dict:
+    span = sched.now or 1.0
+    steps = [s for s in sched.steps if s.kind != "idle"]
+    dur = [s.gpu_s + s.cache_s for s in steps]
+    return {
+        "cache": cache,
+        "load": load,
+        **request_stats(list(sched.records.values()), spec, span),
         "gpu_busy_fraction": sum(s.gpu_s for s in steps) / span,
         "max_running_requests": sched.cfg.max_running_requests,
         "mean_running": _weighted_mean([s.resident for s in steps], dur),

@@ -14,6 +14,7 @@ from typing import Callable, Optional
 from sglang_marconi.driver.pools import PoolConfig
 from sglang_marconi.harness.ab import ABConfig, make_cache
 from sglang_marconi.serving.arrivals import arrivals_for_load, arrivals_scaled
+from sglang_marconi.serving.cluster import run_cluster
 from sglang_marconi.serving.metrics import summarize, ttfts
 from sglang_marconi.serving.scheduler import SchedulerConfig, ServingScheduler
 
@@ -85,3 +86,27 @@ def run_grid(requests, setup: ServeSetup, caches, loads, rate_scale=None,
             del sched
             gc.collect()
     return {"runs": runs, "ttft": curves}
+
+
+def run_cluster_grid(requests, setup: ServeSetup, replicas: int, routers, caches, loads,
+                     rate_scale=None, router_options=None, show_progress: bool = True) -> list:
+    """Every router x cache at every load (or at ``rate_scale``) on ``replicas`` replicas
+    (``serving.cluster``); returns the summaries."""
+    from tqdm import tqdm
+
+    runs = []
+    points = [(None, rate_scale)] if rate_scale is not None else [(x, None) for x in loads]
+    for load, scale in points:
+        for router in routers:
+            options = router_options if router == "cache_aware" else None
+            for name in caches:
+                label = f"{router}/{name}@{load if scale is None else f'x{scale:g}'}"
+                with tqdm(total=len(requests), desc=f"{label:>24}", unit="req",
+                          disable=not show_progress, leave=False) as bar:
+                    summary, cluster = run_cluster(name, router, requests, setup, replicas,
+                                                   load, scale, progress=bar.update,
+                                                   router_options=options)
+                runs.append(summary)
+                del cluster
+                gc.collect()
+    return runs

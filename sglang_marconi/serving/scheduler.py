@@ -66,6 +66,7 @@ class RequestRecord:
     aborted: bool = False
     abort_reason: str = ""
     retractions: int = 0
+    ended: Optional[float] = None     # finished or aborted: the response is complete
 
 
 @dataclass
@@ -149,6 +150,13 @@ class ServingScheduler:
         if self.after_step is not None:
             self.after_step(self)
 
+    def submit(self, arrival: float, rr) -> None:
+        """Add one request arriving at ``arrival`` (no earlier than any pending one): a
+        router hands requests over one by one (``serving.cluster``)."""
+        if self.pending and arrival < self.pending[0][0]:
+            raise ValueError(f"{rr.rid} arrives at {arrival}, before a pending request")
+        self.pending.insert(0, (arrival, rr))
+
     @property
     def in_flight(self) -> int:
         return self.ingested - self.completed
@@ -187,6 +195,7 @@ class ServingScheduler:
                       sampling_params=params)
             if rec.input_len + rec.output_len > self.allocator.size - 2 * self.allocator.page_size:
                 rec.aborted, rec.abort_reason = True, "longer than the KV pool"  # tokenizer check
+                rec.ended = arrival
                 self.completed += 1
                 continue
             self.waiting.append(req)                         # _add_request_to_queue
@@ -194,6 +203,7 @@ class ServingScheduler:
     def _abort(self, req, why: str) -> None:
         rec = self.records[req.rid]
         rec.aborted, rec.abort_reason = True, why
+        rec.ended = self.now
         self.completed += 1
 
     # -- get_next_batch_to_run (scheduler.py:3894-4012) ----------------------------------
@@ -368,7 +378,7 @@ class ServingScheduler:
                 rec.first_token = self.now
             if req.finished():                               # prefill ~376-383, decode
                 release_kv_cache(req, self.cache, checkpoint=True)
-                rec.finished = self.now
+                rec.finished = rec.ended = self.now
                 self.completed += 1
             elif not decode:
                 checkpoint_kv_cache(req, self.cache)         # prefill ~384-386
