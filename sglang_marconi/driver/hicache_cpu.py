@@ -22,7 +22,12 @@ nothing else:
 
 ``install`` is idempotent and only ever patches these four methods and one table entry;
 the L3 ``file`` backend needs no stand-in (tests point it at a temporary directory with
-``storage_dir``).
+``PoolConfig.hicache_storage_dir``).
+
+``host_budget`` is not a stand-in but SGLang's own ``host_memory_budget_scope``: a server
+keeps a 10 GiB host-memory reserve beside its pools (``pool_host/base.py`` 84-108), more
+than a small test machine has free, while the test pools take a few kilobytes; the scope
+books them against the machine's available memory instead.
 """
 from __future__ import annotations
 
@@ -119,6 +124,14 @@ def _alloc_unregistered(dims, dtype, device, pin_memory, allocator,
                         registration_granularity_bytes: Optional[int] = None):
     """``alloc_with_host_register`` without ``cudaHostRegister``."""
     return allocator.allocate(dims, dtype=dtype, device=device)
+
+
+def host_budget():
+    """SGLang's ``host_memory_budget_scope`` over the available host memory, no reserve."""
+    from sglang.srt.mem_cache.host_memory import available_host_memory_bytes
+    from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope
+
+    return host_memory_budget_scope(available_host_memory_bytes())
 
 
 def install() -> None:

@@ -183,4 +183,5 @@ def attach_host_tier(cache, params) -> None:
     server_args = get_server_args()
     if not server_args.enable_hierarchical_cache:
         raise ValueError("attach_host_tier: the published server args have no host tier")
-    cache.init_hicache(server_args, params)
+    with hicache_cpu.host_budget():
+        cache.init_hicache(server_args, params)
