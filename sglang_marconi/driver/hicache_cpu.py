@@ -27,7 +27,8 @@ the L3 ``file`` backend needs no stand-in (tests point it at a temporary directo
 ``host_budget`` is not a stand-in but SGLang's own ``host_memory_budget_scope``: a server
 keeps a 10 GiB host-memory reserve beside its pools (``pool_host/base.py`` 84-108), more
 than a small test machine has free, while the test pools take a few kilobytes; the scope
-books them against the machine's available memory instead.
+books them against the machine's available memory instead; ``single_rank`` states the
+one-rank topology the L3 backend reads (no process group on CPU), as SGLang's fixtures do.
 """
 from __future__ import annotations
 
@@ -132,6 +133,14 @@ def host_budget():
     from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope
 
     return host_memory_budget_scope(available_host_memory_bytes())
+
+
+def single_rank():
+    """The L3 backend reads this process's rank; a CPU build has no process group, so
+    state the single-rank topology (as SGLang's own HiCache test fixtures do)."""
+    from sglang.srt.runtime_context import get_parallel
+
+    return get_parallel().override(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1)
 
 
 def install() -> None:

@@ -183,5 +183,5 @@ def attach_host_tier(cache, params) -> None:
     server_args = get_server_args()
     if not server_args.enable_hierarchical_cache:
         raise ValueError("attach_host_tier: the published server args have no host tier")
-    with hicache_cpu.host_budget():
+    with hicache_cpu.host_budget(), hicache_cpu.single_rank():
         cache.init_hicache(server_args, params)
