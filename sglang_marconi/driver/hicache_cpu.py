@@ -16,9 +16,11 @@ nothing else:
    torch index copies between the same tensors (the per-layer host views SGLang itself
    builds: ``k_data_refs`` / ``v_data_refs``; the Mamba host buffer's layer slice), and
    keeps SGLang's own side-state copy (``MambaPoolHost._transfer_slot_states``);
-2. page-locked host memory: ``pool_host.common.ALLOC_MEMORY_FUNCS`` registers the host
-   buffers with ``cudaHostRegister`` (pinning is meaningless without a GPU), so the "cpu"
-   entry allocates through the same storage allocator without registering.
+2. page-locked host memory (meaningless without a GPU): ``pool_host.common.
+   ALLOC_MEMORY_FUNCS`` registers the host buffers with ``cudaHostRegister``, so the "cpu"
+   entry allocates through the same storage allocator without registering; and the L3
+   page staging allocates ``pin_memory`` tensors (``get_dummy_flat_data_page``), so
+   ``unpin`` clears the host pools' ``pin_memory`` once they are built.
 
 ``install`` is idempotent and only ever patches these four methods and one table entry;
 the L3 ``file`` backend needs no stand-in (tests point it at a temporary directory with
@@ -133,6 +135,12 @@ def host_budget():
     from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope
 
     return host_memory_budget_scope(available_host_memory_bytes())
+
+
+def unpin(cache) -> None:
+    """The built host pools allocate no more page-locked tensors (L3 page staging)."""
+    for entry in cache.host_pool_group.entries:
+        entry.host_pool.pin_memory = False
 
 
 def single_rank():

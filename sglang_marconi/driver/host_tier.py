@@ -12,14 +12,24 @@ replay already makes:
   ``ready_to_load_host_cache()`` starts the queued loads before the batch's allocation;
 - every loop iteration (``_process_hicache_events``, scheduler.py 3878-3890):
   ``check_hicache_events()`` acknowledges finished backups (releasing write-through locks)
-  and loads (releasing load-back locks), and drains the L3 queues.
+  and loads (releasing load-back locks), and drains the L3 queues;
+- with an L3 backend (``--hicache-storage-backend``), on arrival
+  (``Scheduler._prefetch_kvcache``, scheduler.py 3342-3392) a probe match and
+  ``prefetch_from_storage`` for what lies beyond the host match, and before admission
+  (``get_new_batch_prefill``, 4240-4257) ``check_prefetch_progress`` until the prefetch
+  is done (``--hicache-storage-prefetch-policy wait_complete``) and
+  ``pop_prefetch_loaded_span``: the fetched pages are then host hits of the next match.
 
-``admit`` and ``poll`` are those calls, nothing else; the copies run synchronously on CPU
-(``hicache_cpu``), so one ``poll`` after a step finds every ack ready.
+``prefetch``, ``admit``, ``start_loads`` and ``poll`` are those calls, nothing else; the
+L2 copies run synchronously on CPU (``hicache_cpu``), so one ``poll`` after a step finds
+every ack ready; the L3 backend's threads are waited for (``PREFETCH_WAIT_S`` at most).
 """
 from __future__ import annotations
 
 import contextlib
+import time
+
+PREFETCH_WAIT_S = 30.0  # an L3 prefetch not done by then is a failure, not a wait
 
 
 def enabled(cache) -> bool:
@@ -39,6 +49,43 @@ def _pinned(cache, node, lock_host: bool = False):
     finally:
         if host is not None:
             cache.dec_host_lock_ref(node, host)
+
+
+def prefetch(cache, req) -> int:
+    """L3 -> host for a new request (cache mode); returns the tokens fetched."""
+    if not enabled(cache) or not cache.enable_storage:
+        return 0
+    req.init_next_round_input(cache, cow_mamba=False)
+    last_host = req.last_host_node
+    matched = req.prefix_len + req.host_hit_length
+    if not (cache.is_backuped(last_host) or cache.is_root(last_host)):
+        return 0
+    ids = req.full_untruncated_fill_ids
+    end = req._compute_max_prefix_len(len(ids))
+    handle = req.cache_request_handle
+    cache.prefetch_from_storage(
+        handle, last_host, ids[matched:end], cache.get_last_hash_value(last_host), None,
+        matched_prefix_tokens=ids[:matched], extra_key=req.extra_key,
+        cache_salt=req.cache_salt)
+    deadline = time.monotonic() + PREFETCH_WAIT_S
+    while not cache.check_prefetch_progress(handle):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"L3 prefetch of {req.rid} not done in {PREFETCH_WAIT_S} s")
+        time.sleep(0.001)
+        poll(cache)
+    loaded, _ = cache.pop_prefetch_loaded_span(handle)
+    return loaded
+
+
+def settle(cache) -> None:
+    """Wait for the L3 backend's pending backups to be acknowledged (their host locks
+    released), as later scheduler iterations would."""
+    deadline = time.monotonic() + PREFETCH_WAIT_S
+    while enabled(cache) and cache.ongoing_backup:
+        if time.monotonic() > deadline:
+            raise TimeoutError("L3 backups not acknowledged")
+        time.sleep(0.001)
+        poll(cache)
 
 
 def admit(cache, req) -> int:

@@ -185,3 +185,4 @@ def attach_host_tier(cache, params) -> None:
         raise ValueError("attach_host_tier: the published server args have no host tier")
     with hicache_cpu.host_budget(), hicache_cpu.single_rank():
         cache.init_hicache(server_args, params)
+    hicache_cpu.unpin(cache)

@@ -68,6 +68,7 @@ class RequestOutcome:
     peak_kv_used: int   # KV token slots in use at this request's peak
     peak_mamba_used: int
     host_hit_len: int = 0  # tokens loaded back from the host tier (HiCache)
+    storage_hit_len: int = 0  # tokens fetched from the L3 store into the host tier first
 
 
 class ReplayBatch:
@@ -235,6 +236,7 @@ class Replayer:
                   sampling_params=SamplingParams(temperature=0,
                                                  max_new_tokens=max(1, rr.output_len)))
         host_tier.poll(self.cache)
+        fetched = host_tier.prefetch(self.cache, req)
         req.init_next_round_input(self.cache)
         hit_len = req.prefix_len
         host_hit = host_tier.admit(self.cache, req)
@@ -252,7 +254,7 @@ class Replayer:
                 host_tier.poll(self.cache)
                 return RequestOutcome(input_len, hit_len, 0, True,
                                       seconds + time.perf_counter() - t0, peak_kv, peak_mamba,
-                                      host_hit)
+                                      host_hit, fetched)
             if req.extend_end >= input_len:
                 req.prefix_len = req.extend_end
                 break
@@ -286,7 +288,8 @@ class Replayer:
         release_kv_cache(req, self.cache, checkpoint=True)
         host_tier.poll(self.cache)
         return RequestOutcome(input_len, hit_len, out_len, False,
-                              seconds + time.perf_counter() - t0, peak_kv, peak_mamba, host_hit)
+                              seconds + time.perf_counter() - t0, peak_kv, peak_mamba, host_hit,
+                              fetched)
 
 
 def _output_token(rid: str, i: int) -> int:

@@ -143,8 +143,9 @@ def check_host_idle(cache) -> dict:
 
 
 def storage_files(directory) -> list:
-    """The files the L3 ``file`` backend wrote (none half-written: no temporaries)."""
+    """The pages the L3 ``file`` backend stored: ``<key>.bin`` files, none half-written
+    (its temporaries are ``.<uuid>.tmp``, renamed into place or removed)."""
     names = sorted(os.listdir(directory))
-    partial = [n for n in names if n.endswith((".tmp", ".partial"))]
-    assert not partial, f"half-written L3 files: {partial[:3]}"
+    stray = [n for n in names if not n.endswith(".bin")]
+    assert not stray, f"half-written or foreign files in the L3 store: {stray[:3]}"
     return names
