@@ -52,8 +52,8 @@ def test_ab_host_section(families, policy):
         assert host["hit_tokens"] > 0, name  # prefixes came back from host
         assert host["bytes_loaded"] == (host["kv_tokens_loaded"] * spec.kv_bytes_per_token
                                         + host["states_loaded"] * spec.ssm_state_bytes)
-        assert host["kv_tokens_loaded"] >= host["hit_tokens"]
         assert col["hit_tokens"] >= host["hit_tokens"]  # device + host hits
+        assert 0 < host["flops_saved"] <= col["flops_saved"]
         assert host["bytes_backed_up"] > 0
 
 

@@ -141,11 +141,12 @@ def instrument_host(cache) -> Optional[HostCounters]:
     return counters
 
 
-def host_section(counters: HostCounters, spec, host_hits: int, fetched: int) -> dict:
+def host_section(counters: HostCounters, spec, host_hits: int, host_flops: float,
+                 fetched: int) -> dict:
     kv, state = spec.kv_bytes_per_token, spec.ssm_state_bytes
     return {
         "hit_tokens": host_hits,
-        "flops_saved": spec.flops_saved(host_hits, 0) if host_hits else 0.0,
+        "flops_saved": host_flops,
         **dataclasses.asdict(counters),
         "bytes_loaded": counters.kv_tokens_loaded * kv + counters.states_loaded * state,
         "bytes_backed_up": (counters.kv_tokens_backed_up * kv
@@ -204,6 +205,7 @@ def _run_one(name, requests, cfg, progress, per_request, stack) -> dict:
     counters = instrument(cache)
     host = instrument_host(cache)
     host_hits = fetched = 0
+    host_flops = 0.0
     pauses = GCPauses()
     calls = CallTimer(cache, pauses)
     replayer = Replayer(cache, chunked_prefill_size=cfg.pools.chunked_prefill_size)
@@ -229,6 +231,8 @@ def _run_one(name, requests, cfg, progress, per_request, stack) -> dict:
             host_hits += out.host_hit_len
             fetched += out.storage_hit_len
             saved += spec.flops_saved(skipped, 0)
+            # the host segment follows the device hit: what it saves beyond it
+            host_flops += spec.flops_saved(skipped, out.hit_len) if out.host_hit_len else 0.0
             total_flops += spec.prefill_flops(out.input_len)
             peak_kv = max(peak_kv, out.peak_kv_used)
             peak_mamba = max(peak_mamba, out.peak_mamba_used)
@@ -264,7 +268,7 @@ def _run_one(name, requests, cfg, progress, per_request, stack) -> dict:
     if per_request:
         result["hit_tokens_per_request"] = hits
     if host is not None:
-        result["host"] = host_section(host, spec, host_hits, fetched)
+        result["host"] = host_section(host, spec, host_hits, host_flops, fetched)
     if hasattr(cache, "marconi"):
         result["marconi"] = cache.marconi.stats.as_dict()
     del cache, replayer
