@@ -131,6 +131,7 @@ def _alloc_unregistered(dims, dtype, device, pin_memory, allocator,
 
 def host_budget():
     """SGLang's ``host_memory_budget_scope`` over the available host memory, no reserve."""
+    # heavy: sglang, imported only by a caller that builds host pools
     from sglang.srt.mem_cache.host_memory import available_host_memory_bytes
     from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope
 
@@ -146,7 +147,7 @@ def unpin(cache) -> None:
 def single_rank():
     """The L3 backend reads this process's rank; a CPU build has no process group, so
     state the single-rank topology (as SGLang's own HiCache test fixtures do)."""
-    from sglang.srt.runtime_context import get_parallel
+    from sglang.srt.runtime_context import get_parallel  # heavy: sglang
 
     return get_parallel().override(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1)
 
@@ -156,6 +157,7 @@ def install() -> None:
     global _installed
     if _installed:
         return
+    # heavy: sglang's host pools, imported only where HiCache is built on CPU
     from sglang.srt.mem_cache.pool_host import common
     from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost
     from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost

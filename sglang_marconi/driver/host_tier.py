@@ -91,7 +91,7 @@ def settle(cache) -> None:
 def admit(cache, req) -> int:
     """Load the request's host hit back to the device (``PrefillAdder``); returns the
     tokens loaded (0 when there was none or the load-back declined)."""
-    from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams
+    from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams  # heavy: sglang
 
     if not enabled(cache) or not req.needs_host_load_back():
         return 0

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Optional
 from unittest import mock
 
+from sglang_marconi.driver import hicache_cpu
 from sglang_marconi.sglang_version import check_sglang_version
 
 
@@ -175,9 +176,7 @@ def build_cache(pc: PoolConfig, cache_class=None, tree_core: str = "rust",
 def attach_host_tier(cache, params) -> None:
     """SGLang's registry step for ``--enable-hierarchical-cache`` (``registry.py``:
     ``cache.init_hicache(server_args, params)``) on the published CPU server args."""
-    from sglang.srt.runtime_context import get_server_args
-
-    from sglang_marconi.driver import hicache_cpu
+    from sglang.srt.runtime_context import get_server_args  # heavy: sglang
 
     hicache_cpu.install()
     server_args = get_server_args()

@@ -99,7 +99,7 @@ class HostCounters:
 
 
 def _states(extra_pools) -> int:
-    from sglang.srt.mem_cache.hicache_storage import PoolName
+    from sglang.srt.mem_cache.hicache_storage import PoolName  # heavy: sglang, runs only
 
     return sum(int(t.host_indices.numel()) for t in extra_pools or ()
                if t.name == PoolName.MAMBA and t.host_indices is not None)
@@ -109,24 +109,25 @@ def instrument_host(cache) -> Optional[HostCounters]:
     """Wrap the cache's controller ``load`` / ``write`` and its ``evict_host``."""
     if not host_tier.enabled(cache):
         return None
-    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+    from sglang.srt.mem_cache.unified_cache.components.base import (  # heavy: sglang
+        ComponentType,
+    )
 
     counters, controller = HostCounters(), cache.cache_controller
-    load, write, evict_host = controller.load, controller.write, cache.evict_host
+    evict_host = cache.evict_host
 
-    def counting_load(host_indices, *args, extra_pools=None, **kwargs):
-        out = load(host_indices, *args, extra_pools=extra_pools, **kwargs)
-        if out is not None:
-            counters.kv_tokens_loaded += len(host_indices)
-            counters.states_loaded += _states(extra_pools)
-        return out
-
-    def counting_write(device_indices, *args, extra_pools=None, **kwargs):
-        out = write(device_indices, *args, extra_pools=extra_pools, **kwargs)
-        if out is not None:
-            counters.kv_tokens_backed_up += len(device_indices)
-            counters.states_backed_up += _states(extra_pools)
-        return out
+    def counted(transfer, indices: str, tokens: str, states: str):
+        """``transfer`` (the controller's load or write, whose first argument is named
+        ``indices``) adding what it queued."""
+        def wrapper(*args, **kwargs):
+            out = transfer(*args, **kwargs)
+            if out is not None:
+                moved = args[0] if args else kwargs[indices]
+                extra = kwargs.get("extra_pools", args[3] if len(args) > 3 else None)
+                setattr(counters, tokens, getattr(counters, tokens) + len(moved))
+                setattr(counters, states, getattr(counters, states) + _states(extra))
+            return out
+        return wrapper
 
     def counting_evict_host(num_tokens, component_type=ComponentType.FULL):
         freed = evict_host(num_tokens, component_type)
@@ -136,7 +137,10 @@ def instrument_host(cache) -> Optional[HostCounters]:
             counters.kv_tokens_evicted += freed
         return freed
 
-    controller.load, controller.write = counting_load, counting_write
+    controller.load = counted(controller.load, "host_indices", "kv_tokens_loaded",
+                              "states_loaded")
+    controller.write = counted(controller.write, "device_indices", "kv_tokens_backed_up",
+                               "states_backed_up")
     cache.evict_host = counting_evict_host
     return counters
 

@@ -5,23 +5,12 @@ leak. One server (write_back, the policy with the most Marconi-side code); the o
 write policies are checked on the CPU stack (tests/test_sglang_hicache.py)."""
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
-import pytest
-
-HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
-
-from live_configs import server_args  # noqa: E402
-from server import LiveServer  # noqa: E402
-from tiny_models import write_tiny_model  # noqa: E402
-
-pytest.importorskip("sglang")
-pytest.importorskip("uvicorn", reason="the live server needs requirements/cpu.txt's server "
-                                      "packages")
+# conftest.py puts this folder on sys.path and skips without sglang / the server packages
+from live_configs import server_args
+from server import LiveServer
+from tiny_models import write_tiny_model
 
 SHARED = [10 + (i % 50) for i in range(600)]  # the prefix that goes to host and back
 
