@@ -310,5 +310,5 @@ class HostTierMachine(RuleBasedStateMachine):
 
 TestHostTierMachine = HostTierMachine.TestCase
 TestHostTierMachine.settings = settings(
-    max_examples=12, stateful_step_count=12, deadline=None, derandomize=True,
+    max_examples=40, stateful_step_count=15, deadline=None, derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
