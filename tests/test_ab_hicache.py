@@ -41,7 +41,7 @@ def _run(trace, *extra):
 
 @pytest.mark.parametrize("policy", ["write_through", "write_back"])
 def test_ab_host_section(families, policy):
-    out = json.loads(_run(families, "--caches", "stock-python,marconi,marconi+",
+    out = json.loads(_run(families, "--caches", "stock-python,marconi+",
                           "--hicache-ratio", "3", "--hicache-write-policy", policy,
                           "--json"))
     spec = preset_spec("qwen3_next")
