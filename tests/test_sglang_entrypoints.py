@@ -20,7 +20,8 @@ from sglang_marconi.sglang_integration.options import (  # noqa: E402
 CONFLICTS = [  # (Python API kwargs, the same as flags)
     (dict(enable_session_radix_cache=True), ("--enable-session-radix-cache",)),
     (dict(radix_eviction_policy="lfu"), ("--radix-eviction-policy", "lfu")),
-    (dict(enable_hierarchical_cache=True), ("--enable-hierarchical-cache",)),
+    (dict(enable_hierarchical_cache=True, enable_unified_memory=True),
+     ("--enable-hierarchical-cache", "--enable-unified-memory")),
     (dict(disable_radix_cache=True), ("--disable-radix-cache",)),
     (dict(speculative_algorithm="EAGLE"), ("--speculative-algorithm", "EAGLE")),
 ]

@@ -91,7 +91,10 @@ def test_cache_policy_flag_selects_the_backend(parse, monkeypatch):
 @pytest.mark.parametrize("flags,fragment", [
     (("--cache-policy", "marconi", "--disable-radix-cache"), "--disable-radix-cache"),
     (("--cache-policy", "marconi", "--radix-eviction-policy", "lfu"), "eviction"),
-    (("--cache-policy", "marconi", "--enable-hierarchical-cache"), "hierarchical"),
+    (("--cache-policy", "marconi", "--enable-hierarchical-cache", "--enable-unified-memory"),
+     "--enable-unified-memory"),
+    (("--cache-policy", "marconi", "--enable-hierarchical-cache",
+      "--hicache-host-memory-mode", "buffer_only"), "buffer_only"),
     (("--cache-policy", "marconi", "--speculative-algorithm", "NEXTN"), "--speculative-algorithm"),
     (("--cache-policy", "marconi+", "--speculative-algorithm", "EAGLE"), "--speculative-algorithm"),
     (("--cache-policy", "marconi", "--radix-cache-backend", "flexkv"), "flexkv"),

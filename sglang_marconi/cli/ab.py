@@ -7,6 +7,7 @@ import json
 import sys
 
 from sglang_marconi.cli.common import run_with_sglang
+from sglang_marconi.cli.host_flags import add_host_arguments, host_summary, resolve_host
 from sglang_marconi.cli.pool_flags import (add_pool_arguments, describe_pools, pool_summary,
                                            resolve_pools)
 from sglang_marconi.errors import UserError
@@ -37,6 +38,15 @@ ROWS = (  # (label, key, format)
     # the collector's pauses during the run (the trace frozen out of it), not bookkeeping
     ("GC collections", "gc_collections", "{:,}"),
     ("GC pause max s", "gc_pause_s_max", "{:.3f}"),
+)
+HOST_ROWS = (  # with a host tier (--hicache-*): the "host" section
+    ("host: hit tokens (loaded back)", "hit_tokens", "{:,}"),
+    ("host: FLOPs saved by host hits", "flops_saved", "{:.3e}"),
+    ("host: bytes loaded to device", "bytes_loaded", "{:.3e}"),
+    ("host: bytes backed up", "bytes_backed_up", "{:.3e}"),
+    ("host: KV tokens evicted", "kv_tokens_evicted", "{:,}"),
+    ("host: states evicted", "states_evicted", "{:,}"),
+    ("host: L3 tokens fetched", "storage_hit_tokens", "{:,}"),
 )
 
 
@@ -107,6 +117,7 @@ def add_marconi_arguments(parser: argparse.ArgumentParser) -> None:
                         default=defaults.END_THRESHOLD,
                         help="marconi+ column: end-state reuse rate below which final "
                              "states are not kept")
+    add_host_arguments(parser)
 
 
 def _caches(text: str) -> tuple:
@@ -156,12 +167,16 @@ def _check_pools(args, requests, kv_tokens: int, mamba_slots: int) -> int:
 def format_table(results: dict) -> str:
     names = list(results["caches"])
     cols = [results["caches"][n] for n in names]
-    width = max(len(r[0]) for r in ROWS) + 2
+    width = max(len(r[0]) for r in ROWS + HOST_ROWS) + 2
     colw = max(14, *(len(n) + 2 for n in names))
     lines = ["".ljust(width) + "".join(n.rjust(colw) for n in names)]
     for label, key, fmt in ROWS:
         lines.append(label.ljust(width) + "".join(fmt.format(c.get(key, 0)).rjust(colw)
                                                   for c in cols))
+    if any("host" in c for c in cols):
+        for label, key, fmt in HOST_ROWS:
+            lines.append(label.ljust(width) + "".join(
+                fmt.format(c.get("host", {}).get(key, 0)).rjust(colw) for c in cols))
     for n, c in zip(names, cols):
         m = c.get("marconi")
         if m:
@@ -205,8 +220,10 @@ def _run(args) -> int:
                        page_size=args.page_size, max_context_len=max_len,
                        chunked_prefill_size=args.chunked_prefill_size,
                        mamba_track_interval=args.mamba_track_interval,
-                       extra_buffer=args.mamba_radix_cache_strategy == "extra_buffer")
-    cfg = ABConfig(pools=pools, spec=spec, settings=settings, caches=caches, unified=unified)
+                       extra_buffer=args.mamba_radix_cache_strategy == "extra_buffer",
+                       **resolve_host(args, spec, kv_tokens, mamba_slots, unified))
+    cfg = ABConfig(pools=pools, spec=spec, settings=settings, caches=caches, unified=unified,
+                   l3=args.hicache_storage_backend == "file")
     results = run_ab(requests, cfg, show_progress=not args.no_progress,
                      per_request=args.per_request)
     results["config"] = {"trace": str(args.trace), "model": spec.name,
@@ -221,7 +238,8 @@ def _run(args) -> int:
                              "marconi_online_window": settings.online_window,
                              "marconi_online_sample": settings.online_sample}
                             if settings.online_alpha else {}),
-                         "marconi_max_states_per_request": settings.max_states_per_request}
+                         "marconi_max_states_per_request": settings.max_states_per_request,
+                         **host_summary(args, spec, pools)}
     if args.json:
         json.dump(results, sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -8,16 +8,23 @@ non-triton attention backend), and a paged allocator replaces the token allocato
 page is larger than one token (the scheduler allocates pages). The tree cache is then built
 anew on those pools with the requested class and tree core ("rust" = the compiled core
 SGLang uses by default, "python" = the reference core).
+
+``PoolConfig.hicache_write_policy`` adds SGLang's host tier (``--enable-hierarchical-cache``):
+``UnifiedRadixCache.init_hicache``, exactly as the registry calls it in a server, with the
+CUDA-only copy kernels replaced by ``hicache_cpu`` and, with ``hicache_storage_dir``, the L3
+``file`` backend in that directory.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import functools
+import json
 from dataclasses import dataclass
 from typing import Optional
 from unittest import mock
 
+from sglang_marconi.driver import hicache_cpu
 from sglang_marconi.sglang_version import check_sglang_version
 
 
@@ -38,11 +45,29 @@ class PoolConfig:
     # max(64, page)): extra_buffer snapshots land on lcm(this, page). Tests set 1 to get a
     # one-token checkpoint grid.
     mamba_cache_chunk_size: Optional[int] = None
+    # SGLang's host tier (--enable-hierarchical-cache) when a write policy is given:
+    # --hicache-write-policy, --hicache-ratio (host/device), --hicache-size (GB, overrides
+    # the ratio), --hicache-storage-backend file in ``hicache_storage_dir``
+    hicache_write_policy: Optional[str] = None
+    hicache_ratio: float = 2.0
+    hicache_size_gb: int = 0
+    hicache_storage_dir: Optional[str] = None
 
 
 def _server_args_factory(pc: PoolConfig):
     from sglang.srt.server_args import ServerArgs
 
+    host_tier = {}
+    if pc.hicache_write_policy is not None:
+        host_tier = dict(
+            enable_hierarchical_cache=True, hicache_write_policy=pc.hicache_write_policy,
+            hicache_ratio=pc.hicache_ratio, hicache_size=pc.hicache_size_gb,
+            hicache_io_backend="kernel", hicache_mem_layout="page_first")
+        if pc.hicache_storage_dir is not None:
+            host_tier.update(
+                hicache_storage_backend="file", hicache_storage_prefetch_policy="wait_complete",
+                hicache_storage_backend_extra_config=json.dumps(
+                    {"file_storage_path": pc.hicache_storage_dir}))
     return functools.partial(
         ServerArgs,
         attention_backend="torch_native",
@@ -50,6 +75,7 @@ def _server_args_factory(pc: PoolConfig):
         mamba_track_interval=pc.mamba_track_interval,
         mamba_radix_cache_strategy="extra_buffer" if pc.extra_buffer else "no_buffer",
         mamba_max_states_per_path=pc.mamba_max_states_per_path,
+        **host_tier,
     )
 
 
@@ -142,4 +168,20 @@ def build_cache(pc: PoolConfig, cache_class=None, tree_core: str = "rust",
                                  **(params_override or {}))
     cache = (cache_class or UnifiedRadixCache)(params)
     cache.cache_init_params = params
+    if pc.hicache_write_policy is not None:
+        attach_host_tier(cache, params)
     return cache, allocator, req_to_token_pool
+
+
+def attach_host_tier(cache, params) -> None:
+    """SGLang's registry step for ``--enable-hierarchical-cache`` (``registry.py``:
+    ``cache.init_hicache(server_args, params)``) on the published CPU server args."""
+    from sglang.srt.runtime_context import get_server_args  # heavy: sglang
+
+    hicache_cpu.install()
+    server_args = get_server_args()
+    if not server_args.enable_hierarchical_cache:
+        raise ValueError("attach_host_tier: the published server args have no host tier")
+    with hicache_cpu.host_budget(), hicache_cpu.single_rank():
+        cache.init_hicache(server_args, params)
+    hicache_cpu.unpin(cache)

@@ -21,7 +21,10 @@ For strictly sequential requests the scheduler does, in order (sglang 0.5.23):
 
 Every step above except the in-page decode write and the five lines of decode-track
 bookkeeping is SGLang's own function; ``ReplayBatch`` is the small part of
-``ScheduleBatch`` they read.
+``ScheduleBatch`` they read. With a host tier (``--enable-hierarchical-cache``) the
+scheduler's HiCache calls come from ``host_tier``: the load-back of a host hit before the
+lock, the start of the queued loads before each prefill allocation, and the event poll of
+every scheduler iteration (before each request and after each step).
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from sglang_marconi.driver import host_tier
 
 # a decode step's bookkeeping costs about as much as this many prefill tokens (~20 us
 # against ~0.3 us a token of a prefill chunk, CPU, python tree core)
@@ -63,6 +67,8 @@ class RequestOutcome:
     seconds: float      # wall time of all cache bookkeeping for the request
     peak_kv_used: int   # KV token slots in use at this request's peak
     peak_mamba_used: int
+    host_hit_len: int = 0  # tokens loaded back from the host tier (HiCache)
+    storage_hit_len: int = 0  # tokens fetched from the L3 store into the host tier first
 
 
 class ReplayBatch:
@@ -129,6 +135,9 @@ class Replayer:
         self.extra_buffer = bool(get_exec().mamba.enable_mamba_extra_buffer)
         self.grid = mamba_checkpoint_grid(tree_cache.page_size)
         self.track_grid = mamba_track_grid(tree_cache.page_size)
+        # called as on_kv(req, start, end) once positions [start, end) have KV slots: the
+        # forward pass's KV writes (tests write token-determined contents through it)
+        self.on_kv = None
         self.kv_total = tree_cache.token_to_kv_pool_allocator.size
         self.mamba_allocator = tree_cache.req_to_token_pool.mamba_allocator
         self.mamba_total = self.mamba_allocator.size
@@ -157,7 +166,10 @@ class Replayer:
         req.extend_end = self._next_chunk_end(req, input_len)
         batch = ReplayBatch(self.cache, req, self.mamba_chunk_size)
         batch.set_seq_lens([req.extend_end])
+        host_tier.start_loads(self.cache)
         alloc_for_extend(batch)
+        if self.on_kv is not None:
+            self.on_kv(req, req.prefix_len, req.extend_end)
         if self.extra_buffer:
             ScheduleBatch._mamba_radix_cache_v2_req_prepare_for_extend(batch, req)
         # The forward pass would now run the deferred copy-on-write / clear of the state.
@@ -193,6 +205,8 @@ class Replayer:
             req.kv.kv_allocated_len += 1
             req.kv.kv_committed_len += 1
         req.decode_batch_idx += 1
+        if self.on_kv is not None:
+            self.on_kv(req, seq_len, seq_len + 1)
         self._track_decode_state(req)
 
     def run(self, rr: ReplayRequest) -> RequestOutcome:
@@ -221,8 +235,11 @@ class Replayer:
         req = Req(rid=rr.rid, origin_input_text="", origin_input_ids=rr.input_ids,
                   sampling_params=SamplingParams(temperature=0,
                                                  max_new_tokens=max(1, rr.output_len)))
+        host_tier.poll(self.cache)
+        fetched = host_tier.prefetch(self.cache, req)
         req.init_next_round_input(self.cache)
         hit_len = req.prefix_len
+        host_hit = host_tier.admit(self.cache, req)
         req.lock = self.cache.lock(req.last_node)
         peak_kv = peak_mamba = 0
         chunks = 0
@@ -234,12 +251,15 @@ class Replayer:
             if rr.abort_after_chunks is not None and chunks >= rr.abort_after_chunks:
                 req.finished_reason = FINISH_ABORT("aborted by replay")
                 release_kv_cache(req, self.cache, checkpoint=False)
+                host_tier.poll(self.cache)
                 return RequestOutcome(input_len, hit_len, 0, True,
-                                      seconds + time.perf_counter() - t0, peak_kv, peak_mamba)
+                                      seconds + time.perf_counter() - t0, peak_kv, peak_mamba,
+                                      host_hit, fetched)
             if req.extend_end >= input_len:
                 req.prefix_len = req.extend_end
                 break
             checkpoint_kv_cache(req, self.cache)
+            host_tier.poll(self.cache)
             req.init_next_round_input()
             seconds += time.perf_counter() - t0
             yield req.extend_end - (start if chunks > 1 else 0)
@@ -266,8 +286,10 @@ class Replayer:
             self._decode_step(req)
         peak_kv, peak_mamba = max(peak_kv, self.kv_used()), max(peak_mamba, self.mamba_used())
         release_kv_cache(req, self.cache, checkpoint=True)
+        host_tier.poll(self.cache)
         return RequestOutcome(input_len, hit_len, out_len, False,
-                              seconds + time.perf_counter() - t0, peak_kv, peak_mamba)
+                              seconds + time.perf_counter() - t0, peak_kv, peak_mamba, host_hit,
+                              fetched)
 
 
 def _output_token(rid: str, i: int) -> int:

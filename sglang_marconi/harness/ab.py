@@ -5,14 +5,20 @@ driven through the scheduler's calls (``replay``). Everything compared is measur
 same way for every cache, from outside it: tokens hit (what each prefill skipped), FLOPs
 saved (the cost model's prefill FLOPs of the hit), states admitted (inserts that stored a
 new SSM state) and evicted (``EvictResult.mamba_num_evicted``), peak slots in use, and the
-wall time of the cache bookkeeping per request.
+wall time of the cache bookkeeping per request. With a host tier (SGLang's HiCache,
+``PoolConfig.hicache_*``) a prefill also skips what was loaded back from host: hits and
+FLOPs saved count device and host hits, and a ``host`` section says what crossed between
+the tiers (tokens and states loaded back and backed up, in the model's bytes) and what
+each tier evicted (``instrument_host``).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import gc
 import statistics
+import tempfile
 import time
 from array import array
 from dataclasses import dataclass, field
@@ -20,6 +26,7 @@ from typing import Callable, Optional
 
 from sglang_marconi.policy import defaults
 from sglang_marconi.sglang_integration.options import MarconiSettings
+from sglang_marconi.driver import host_tier
 from sglang_marconi.driver.pools import PoolConfig, build_cache
 from sglang_marconi.driver.replay import Replayer, ReplayRequest
 from sglang_marconi.harness.timing import CallTimer, GCPauses, quantile
@@ -41,6 +48,7 @@ class ABConfig:
     settings: object = None            # MarconiSettings (None: defaults)
     caches: tuple = ("stock", "stock-python", "marconi")
     unified: object = None             # driver.unified_pools.UnifiedConfig: one byte buffer
+    l3: bool = False                   # host tier: an L3 file store per cache (temporary)
 
 
 @dataclass
@@ -78,6 +86,79 @@ def instrument(cache) -> CacheCounters:
     return counters
 
 
+@dataclass
+class HostCounters:
+    """What crossed between the tiers (SGLang's HiCache), counted at the controller."""
+
+    kv_tokens_loaded: int = 0
+    states_loaded: int = 0       # state copies host -> device (the node's and the request's)
+    kv_tokens_backed_up: int = 0
+    states_backed_up: int = 0
+    kv_tokens_evicted: int = 0   # freed on the host tier
+    states_evicted: int = 0
+
+
+def _states(extra_pools) -> int:
+    from sglang.srt.mem_cache.hicache_storage import PoolName  # heavy: sglang, runs only
+
+    return sum(int(t.host_indices.numel()) for t in extra_pools or ()
+               if t.name == PoolName.MAMBA and t.host_indices is not None)
+
+
+def instrument_host(cache) -> Optional[HostCounters]:
+    """Wrap the cache's controller ``load`` / ``write`` and its ``evict_host``."""
+    if not host_tier.enabled(cache):
+        return None
+    from sglang.srt.mem_cache.unified_cache.components.base import (  # heavy: sglang
+        ComponentType,
+    )
+
+    counters, controller = HostCounters(), cache.cache_controller
+    evict_host = cache.evict_host
+
+    def counted(transfer, indices: str, tokens: str, states: str):
+        """``transfer`` (the controller's load or write, whose first argument is named
+        ``indices``) adding what it queued."""
+        def wrapper(*args, **kwargs):
+            out = transfer(*args, **kwargs)
+            if out is not None:
+                moved = args[0] if args else kwargs[indices]
+                extra = kwargs.get("extra_pools", args[3] if len(args) > 3 else None)
+                setattr(counters, tokens, getattr(counters, tokens) + len(moved))
+                setattr(counters, states, getattr(counters, states) + _states(extra))
+            return out
+        return wrapper
+
+    def counting_evict_host(num_tokens, component_type=ComponentType.FULL):
+        freed = evict_host(num_tokens, component_type)
+        if component_type == ComponentType.MAMBA:
+            counters.states_evicted += freed
+        else:
+            counters.kv_tokens_evicted += freed
+        return freed
+
+    controller.load = counted(controller.load, "host_indices", "kv_tokens_loaded",
+                              "states_loaded")
+    controller.write = counted(controller.write, "device_indices", "kv_tokens_backed_up",
+                               "states_backed_up")
+    cache.evict_host = counting_evict_host
+    return counters
+
+
+def host_section(counters: HostCounters, spec, host_hits: int, host_flops: float,
+                 fetched: int) -> dict:
+    kv, state = spec.kv_bytes_per_token, spec.ssm_state_bytes
+    return {
+        "hit_tokens": host_hits,
+        "flops_saved": host_flops,
+        **dataclasses.asdict(counters),
+        "bytes_loaded": counters.kv_tokens_loaded * kv + counters.states_loaded * state,
+        "bytes_backed_up": (counters.kv_tokens_backed_up * kv
+                            + counters.states_backed_up * state),
+        "storage_hit_tokens": fetched,
+    }
+
+
 def to_replay_requests(trace, limit: Optional[int] = None) -> list:
     """``sim.traces.Trace`` requests as ``ReplayRequest``s (token ids as array('q'))."""
     out = []
@@ -113,8 +194,22 @@ def make_cache(name: str, cfg: ABConfig):
 def run_one(name: str, requests: list, cfg: ABConfig,
             progress: Optional[Callable] = None, per_request: bool = False) -> dict:
     """Replay ``requests`` through a fresh cache ``name``; returns its column of numbers."""
+    with contextlib.ExitStack() as stack:
+        if cfg.l3:
+            store = stack.enter_context(tempfile.TemporaryDirectory(prefix="ab-l3-"))
+            cfg = dataclasses.replace(cfg, pools=dataclasses.replace(
+                cfg.pools, hicache_storage_dir=store))
+        return _run_one(name, requests, cfg, progress, per_request, stack)
+
+
+def _run_one(name, requests, cfg, progress, per_request, stack) -> dict:
     cache, _, _ = make_cache(name, cfg)
+    if cfg.l3:
+        stack.callback(cache.cache_controller._stop_storage_threads)
     counters = instrument(cache)
+    host = instrument_host(cache)
+    host_hits = fetched = 0
+    host_flops = 0.0
     pauses = GCPauses()
     calls = CallTimer(cache, pauses)
     replayer = Replayer(cache, chunked_prefill_size=cfg.pools.chunked_prefill_size)
@@ -128,13 +223,20 @@ def run_one(name: str, requests: list, cfg: ABConfig,
         for rr in requests:
             gc0 = pauses.total
             out = replayer.run(rr)
+            if cfg.l3:
+                host_tier.settle(cache)  # later scheduler iterations ack the L3 backups
             # the cache's own time: the collector's pauses during the request are reported
             # apart (gc_*), not as bookkeeping
             times.append(pauses.exclude(out.seconds, gc0))
-            hits.append(out.hit_len)
+            skipped = out.hit_len + out.host_hit_len  # device hit + what came from host
+            hits.append(skipped)
             inp += out.input_len
-            hit += out.hit_len
-            saved += spec.flops_saved(out.hit_len, 0)
+            hit += skipped
+            host_hits += out.host_hit_len
+            fetched += out.storage_hit_len
+            saved += spec.flops_saved(skipped, 0)
+            # the host segment follows the device hit: what it saves beyond it
+            host_flops += spec.flops_saved(skipped, out.hit_len) if out.host_hit_len else 0.0
             total_flops += spec.prefill_flops(out.input_len)
             peak_kv = max(peak_kv, out.peak_kv_used)
             peak_mamba = max(peak_mamba, out.peak_mamba_used)
@@ -169,6 +271,8 @@ def run_one(name: str, requests: list, cfg: ABConfig,
     }
     if per_request:
         result["hit_tokens_per_request"] = hits
+    if host is not None:
+        result["host"] = host_section(host, spec, host_hits, host_flops, fetched)
     if hasattr(cache, "marconi"):
         result["marconi"] = cache.marconi.stats.as_dict()
     del cache, replayer

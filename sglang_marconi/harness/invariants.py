@@ -9,7 +9,8 @@
 - unified memory (``--enable-unified-memory``): no byte of the shared buffer leaked (SGLang's
   own ``verify_byte_accounting``), its KV and state sub-allocators hold exactly what the tree
   holds, and the Mamba slot ids likewise;
-- ``guard_locked_evictions`` makes evicting data that a lock protects fail loudly.
+- ``guard_locked_evictions`` makes evicting data that a lock (device or host) protects fail
+  loudly.
 """
 from __future__ import annotations
 
@@ -121,13 +122,24 @@ def check_unified_idle(allocator, h: dict) -> None:
 
 
 def guard_locked_evictions(cache) -> None:
-    """Wrap every component's ``evict_component`` to assert the data is not locked."""
+    """Wrap every component's ``evict_component`` to assert that the data it frees is not
+    locked: device data under a lock (``lock_ref``), host data under a host lock
+    (``host_lock_ref``, HiCache)."""
+    from sglang.srt.mem_cache.unified_cache.components.base import EvictLayer
+
     for ct, component in cache.components.items():
         original = component.evict_component
 
         def checked(node, *args, _orig=original, _ct=ct, **kwargs):
-            lock = node.component_data[_ct].lock_ref
-            assert lock == 0, f"evicting {_ct.name} data of node {node.id} with lock_ref {lock}"
+            target = kwargs.get("target", EvictLayer.DEVICE)
+            cd = node.component_data[_ct]
+            if EvictLayer.DEVICE in target and cd.value is not None:
+                assert cd.lock_ref == 0, (
+                    f"evicting {_ct.name} data of node {node.id} with lock_ref {cd.lock_ref}")
+            if EvictLayer.HOST in target and cd.host_value is not None:
+                assert cd.host_lock_ref == 0, (
+                    f"evicting {_ct.name} host data of node {node.id} with host_lock_ref "
+                    f"{cd.host_lock_ref}")
             return _orig(node, *args, **kwargs)
 
         component.evict_component = checked

@@ -6,7 +6,7 @@ import dataclasses
 import functools
 import logging
 
-from sglang_marconi.sglang_integration.options import MarconiSettings
+from sglang_marconi.sglang_integration.options import MarconiSettings, check_host_tier
 
 logger = logging.getLogger("sglang_marconi.cache")
 
@@ -52,7 +52,7 @@ def marconi_cache_factory(ctx, settings: MarconiSettings | None = None):
                     "PD decode server); using SGLang's default cache")
         return default_radix_cache_factory(ctx)
     if ctx.enable_hierarchical_cache:
-        raise ValueError("--cache-policy marconi does not support --enable-hierarchical-cache")
+        check_host_tier(get_memory())
     eviction = get_memory().radix_eviction_policy
     if eviction not in (None, "lru"):
         raise ValueError("--cache-policy marconi replaces the eviction order; drop "

@@ -46,8 +46,10 @@ separately, so a victim is ranked by what it gives back to the pool that is shor
 from __future__ import annotations
 
 from sglang.srt.mem_cache.unified_cache.components.base import (
+    CacheTransferPhase,
     ComponentType,
     EvictLayer,
+    InternalStateBackup,
     LRURefreshPhase,
 )
 from sglang.srt.mem_cache.unified_cache.components.full import FullComponent
@@ -145,6 +147,25 @@ class _ScoredQueue:
     def _resync(self) -> None:
         """Before a per-walk renormalisation: inputs that move without a hook."""
 
+    # A victim the walk hands to SGLang is suspended, not popped: with HiCache's
+    # write_back its eviction can be declined (a failed backup under host pressure, a
+    # state backup whose victim changed meanwhile), and SGLang's walk then leaves it in
+    # place for the rest of the walk, as its LRU cursor moves past it. Evicted victims
+    # leave the queue through ``evict_component`` / the leaf set; the rest are resumed
+    # at the walk's end with the keys they had.
+    def _hand_over(self, node) -> None:
+        self.queue.suspend(node)
+        self._handed.append(node)
+
+    def _resume_handed(self) -> None:
+        handed, self._handed = getattr(self, "_handed", []), []
+        for node in handed:
+            if self.queue.is_suspended(node) and self._still_candidate(node):
+                self.queue.resume(node)
+
+    def _still_candidate(self, node) -> bool:
+        raise NotImplementedError
+
 
 class MarconiMambaComponent(_ScoredQueue, MambaComponent):
     """MAMBA component: Marconi admission of intermediate states and scored eviction."""
@@ -238,23 +259,44 @@ class MarconiMambaComponent(_ScoredQueue, MambaComponent):
             raise NotImplementedError("Marconi does not support --enable-session-radix-cache")
         self._evict_device_request_cnt = request_cnt
         self._evict_device_cursor = None
+        self._handed = []
         self._walk_start()
+
+    def _still_candidate(self, node) -> bool:
+        cd = node.component_data[MAMBA]
+        return cd.value is not None and cd.lock_ref == 0
+
+    def _needs_state_backup(self, x) -> bool:
+        """HiCache write_back: an internal state with no host copy is backed up before it
+        is dropped (SGLang's ``InternalStateBackup``, ``mamba.py`` 423-434)."""
+        return (self.tree_core.enable_hicache and self.tree_core.is_write_back
+                and x.component_data[MAMBA].host_value is None and not x.backuped
+                and x.component_data[FULL].value is not None)
 
     def _evict_device_next_node(self, tracker, device_frees, host_frees, cache_actions):
         ct = MAMBA
+        lru = self.tree_core.lru_lists[ct]
+        # After a state backup SGLang's tree core names a victim that became a leaf (or
+        # lost its KV) meanwhile for the walk to take again (``_evict_device_cursor``).
+        x, self._evict_device_cursor = self._evict_device_cursor, None
+        reselected = x is not None and self._still_candidate(x) and lru.in_list(x)
         if tracker[ct] >= self._evict_device_request_cnt:
             return None
-        lru = self.tree_core.lru_lists[ct]
-        while True:
-            x = self.queue.pop_victim()
-            if x is None:
-                return None
-            cd = x.component_data[ct]
-            if cd.value is not None and cd.lock_ref == 0 and lru.in_list(x):
-                break
+        if not reselected:
+            while True:
+                x = self.queue.peek_victim()
+                if x is None:
+                    return None
+                if self._still_candidate(x) and lru.in_list(x):
+                    break
+                self.queue.pop_victim()
         if x in self.tree_core.evictable_device_leaves:
+            self._hand_over(x)
             self.cache.marconi.state_evicted("state_pool_leaf")
             return x.id
+        if not reselected and self._needs_state_backup(x):
+            self._hand_over(x)
+            return InternalStateBackup(node_id=x.id, num_tokens=1)
         self.tree_core._evict_component_and_detach_lru(
             x, self, target=EvictLayer.DEVICE, tracker=tracker, device_frees=device_frees,
             host_frees=host_frees, cache_actions=cache_actions)
@@ -265,6 +307,22 @@ class MarconiMambaComponent(_ScoredQueue, MambaComponent):
 
     def _evict_device_end(self) -> None:
         self._evict_device_cursor = None
+        self._resume_handed()
+
+    # -- HiCache: a state loaded back from host is on the device again ---------------------
+    def commit_hicache_transfer(self, node, phase, transfers=(), *, cache_actions,
+                                insert_result=None, pool_storage_result=None):
+        had = has_state(node)
+        super().commit_hicache_transfer(node, phase, transfers, cache_actions=cache_actions,
+                                        insert_result=insert_result,
+                                        pool_storage_result=pool_storage_result)
+        if phase == CacheTransferPhase.LOAD_BACK and not had and has_state(node):
+            # SGLang's load-back (``set_component_device_value``) puts it at the MRU end
+            # of the MAMBA LRU list: a use, stamped like a hit
+            _stamp(node, self.cache.marconi.clock)
+            self.track(node)
+            rekey_state_change(self.cache, node)
+            self.cache.marconi.stats.loaded_back += 1
 
 
 class _LeafSet(set):
@@ -337,7 +395,11 @@ class MarconiFullComponent(_ScoredQueue, FullComponent):
         if self.cache.enable_session_radix_cache:
             raise NotImplementedError("Marconi does not support --enable-session-radix-cache")
         self._evict_device_request_cnt = request_cnt
+        self._handed = []
         self._walk_start()
+
+    def _still_candidate(self, node) -> bool:
+        return node in self.tree_core.evictable_device_leaves
 
     def _evict_device_next_node(self, tracker, device_frees, host_frees, cache_actions):
         ct = FULL
@@ -353,11 +415,11 @@ class MarconiFullComponent(_ScoredQueue, FullComponent):
             if queue.entry(x)[0] != x.last_access_time:  # matched since: re-key, look again
                 self.track(x)
                 continue
-            queue.pop_victim()
+            self._hand_over(x)
             if has_state(x):
                 self.cache.marconi.state_evicted("kv_pool_leaf")
             return x.id
         return None
 
     def _evict_device_end(self) -> None:
-        pass
+        self._resume_handed()

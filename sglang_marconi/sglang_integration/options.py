@@ -34,13 +34,26 @@ ALPHA_MODES = ("auto", "online")
 # flags that the Marconi cache cannot honour (dest -> reason)
 _CONFLICTS = {
     "disable_radix_cache": "--disable-radix-cache turns the prefix cache off",
-    "enable_hierarchical_cache": "--enable-hierarchical-cache (host offload) is not supported",
     "enable_lmcache": "--enable-lmcache replaces the radix cache",
     "enable_session_radix_cache": "--enable-session-radix-cache is not supported",
     "enable_unified_cache_external_linker": "--enable-unified-cache-external-linker is not "
                                             "supported",
     "enable_int8_mamba_checkpoint": "--enable-int8-mamba-checkpoint is not supported",
 }
+
+
+def check_host_tier(args) -> None:
+    """``--enable-hierarchical-cache`` works with the Marconi cache in SGLang's host-cache
+    mode, every write policy (tests/test_sglang_hicache.py); two combinations are not
+    built: the unified buffer's joint walk has no host tier, and buffer_only host memory
+    stages through the storage backend without a host cache."""
+    if getattr(args, "enable_unified_memory", False):
+        raise ValueError("--cache-policy marconi: --enable-hierarchical-cache with "
+                         "--enable-unified-memory is not supported (drop one of them)")
+    mode = getattr(args, "hicache_host_memory_mode", "cache")
+    if mode not in (None, "cache"):
+        raise ValueError(f"--cache-policy marconi: --hicache-host-memory-mode {mode} is not "
+                         "supported (only the host-cache mode, the default)")
 
 
 @dataclass(frozen=True)
@@ -285,6 +298,8 @@ def settings_from_namespace(args) -> Optional[MarconiSettings]:
     for dest, reason in _CONFLICTS.items():
         if getattr(args, dest, False):
             raise ValueError(f"--cache-policy marconi: {reason}")
+    if getattr(args, "enable_hierarchical_cache", False):
+        check_host_tier(args)
     speculative = getattr(args, "speculative_algorithm", None)
     if speculative:
         raise ValueError(f"--cache-policy marconi: --speculative-algorithm {speculative} is "

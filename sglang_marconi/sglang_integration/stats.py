@@ -54,6 +54,7 @@ class MarconiStats:
     shadow_tokens: int = 0         # token ids held by the shadows' trees
     shadow_nodes: int = 0
     tree_tokens: int = 0           # token ids held by the real tree (its KV tokens)
+    loaded_back: int = 0           # HiCache: states loaded back from the host tier
 
     @property
     def token_hit_rate(self) -> float:

@@ -32,6 +32,12 @@ starts (``marconi_cpu_testkit-0.1.dist-info`` beside this folder: the folder is 
    ``torch.cuda.current_stream()`` answers a stream whose waits return at once (CPU work
    is synchronous: the unified allocator's ``_settle_inflight_forward``,
    ``mem_cache/allocator/unified_sub_pool.py`` ~1810, under ``--enable-unified-memory``).
+5. HiCache (``--enable-hierarchical-cache``): the host pools' device <-> host copies
+   (CUDA/HIP kernels) become torch index copies and their buffers are not
+   ``cudaHostRegister``-ed (``sglang_marconi.driver.hicache_cpu.install``, the same
+   stand-ins as the CPU test stack); the 10 GiB host-memory reserve SGLang keeps beside
+   its host pools (``pool_host/base.py`` ``HICACHE_HOST_MEMORY_RESERVE_BYTES``) is 0, the
+   test servers' host pools taking a few kilobytes.
 """
 from __future__ import annotations
 
@@ -147,6 +153,12 @@ def register() -> None:
     if perturb_scale():
         HookRegistry.register(MAMBA_COPY, perturbed_copy_from, HookType.AROUND)
     HookRegistry.register(EXTRA_BUFFER_PLATFORM, _extra_buffer_supported, HookType.REPLACE)
+    from sglang.srt.mem_cache.pool_host import base as host_pool_base
+
+    from sglang_marconi.driver import hicache_cpu
+
+    hicache_cpu.install()
+    host_pool_base.HICACHE_HOST_MEMORY_RESERVE_BYTES = 0
     _done = True
     logger.warning("marconi_cpu_testkit: model forward %s, CPU shims active (tests only)",
                    "replaced" if forward_mode() == "replaced" else

@@ -1,0 +1,72 @@
+"""The host-tier flags of ``ab``, under SGLang's own names (``--enable-hierarchical-cache``
+is implied by any of them): ``--hicache-size GB`` or ``--hicache-ratio R``,
+``--hicache-write-policy``, ``--hicache-storage-backend file``.
+
+The replay's tensors are tiny (slot counts matter, not bytes), so the host pools are sized
+from the model's real bytes: SGLang splits ``--hicache-size`` between the KV and the Mamba
+host pools in proportion to the device pools' bytes (``hybrid_pool_assembler.py``
+``_split_hicache_size``, 239-254, used at 1318-1322), so each host pool holds
+``size / device bytes`` times its device pool's slots: that ratio is what the CPU stack
+is given (``PoolConfig.hicache_ratio``)."""
+from __future__ import annotations
+
+from sglang_marconi.cli.pool_flags import _positive_float
+from sglang_marconi.errors import UserError
+
+WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+DEFAULT_RATIO = 2.0  # SGLang's --hicache-ratio default in the host-cache mode
+GB = 1e9             # --hicache-size is in 10**9 bytes (pool_host/mamba.py, mha.py)
+
+
+def add_host_arguments(parser) -> None:
+    group = parser.add_argument_group(
+        "host tier (SGLang's HiCache; any of these turns it on for every cache)")
+    group.add_argument("--hicache-size", type=_positive_float, default=None, metavar="GB",
+                       help="host memory in GB (10**9 bytes), split between KV and states "
+                            "as SGLang splits it; overrides --hicache-ratio")
+    group.add_argument("--hicache-ratio", type=_positive_float, default=None,
+                       help=f"host pools = R x the device pools (default {DEFAULT_RATIO:g})")
+    group.add_argument("--hicache-write-policy", choices=WRITE_POLICIES, default=None,
+                       help="when a node is backed up to host (default write_through)")
+    group.add_argument("--hicache-storage-backend", choices=("file",), default=None,
+                       help="an L3 store behind the host tier: SGLang's file backend, in a "
+                            "temporary directory per cache")
+
+
+def host_enabled(args) -> bool:
+    return any(getattr(args, name) is not None for name in
+               ("hicache_size", "hicache_ratio", "hicache_write_policy",
+                "hicache_storage_backend"))
+
+
+def host_ratio(args, spec, kv_tokens: int, mamba_slots: int) -> float:
+    """Host slots per device slot, the same for both pools (SGLang's proportional split)."""
+    if args.hicache_size is None:
+        return args.hicache_ratio or DEFAULT_RATIO
+    device_bytes = kv_tokens * spec.kv_bytes_per_token + mamba_slots * spec.ssm_state_bytes
+    return args.hicache_size * GB / device_bytes
+
+
+def resolve_host(args, spec, kv_tokens: int, mamba_slots: int, unified) -> dict:
+    """``PoolConfig`` fields of the host tier ({} when no host flag is given)."""
+    if not host_enabled(args):
+        return {}
+    if unified is not None:
+        raise UserError("--hicache-*: the host tier is not built over --memory unified "
+                        "(--cache-policy marconi refuses it in a server too)")
+    return {"hicache_write_policy": args.hicache_write_policy or "write_through",
+            "hicache_ratio": host_ratio(args, spec, kv_tokens, mamba_slots)}
+
+
+def host_summary(args, spec, pools) -> dict:
+    """The host tier in ``ab --json``'s config."""
+    if pools.hicache_write_policy is None:
+        return {}
+    kv_host = int(pools.kv_tokens * pools.hicache_ratio)
+    states_host = int(pools.mamba_slots * pools.hicache_ratio)
+    return {"host": {
+        "hicache_size_gb": args.hicache_size, "hicache_ratio": pools.hicache_ratio,
+        "write_policy": pools.hicache_write_policy,
+        "storage_backend": args.hicache_storage_backend,
+        "kv_tokens": kv_host, "state_slots": states_host,
+        "bytes": kv_host * spec.kv_bytes_per_token + states_host * spec.ssm_state_bytes}}

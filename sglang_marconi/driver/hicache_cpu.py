@@ -1,0 +1,170 @@
+"""SGLang's HiCache on CPU: the stand-ins for its CUDA/HIP-only pieces (tests and offline
+tools only; a server on a GPU never imports this module).
+
+Stock SGLang 0.5.23 builds the host tier of a hybrid (FULL + MAMBA) tree in
+``UnifiedRadixCache.init_hicache``: ``hybrid_pool_assembler.attach_hybrid_pool_to_unified_cache``
+adds a KV host pool (``pool_host.mha.MHATokenToKVPoolHost``) and a ``pool_host.mamba.
+MambaPoolHost`` in a ``HostPoolGroup``, driven by a ``HybridCacheController`` (L1 device ->
+L2 host, optional L3 storage). All of that runs on CPU as it is (``torch.cpu`` has the
+``Event``/``Stream`` the controller records), except two things, replaced here and
+nothing else:
+
+1. the device <-> host copies: ``load_to_device_per_layer`` and
+   ``backup_from_device_all_layer`` of the two host pools call ``sgl_kernel.kvcacheio`` /
+   ``transfer_kv_mamba_*`` kernels that are imported only on CUDA/HIP
+   (``pool_host/mha.py`` 60-76, ``pool_host/mamba.py`` 31-41). ``install`` swaps them for
+   torch index copies between the same tensors (the per-layer host views SGLang itself
+   builds: ``k_data_refs`` / ``v_data_refs``; the Mamba host buffer's layer slice), and
+   keeps SGLang's own side-state copy (``MambaPoolHost._transfer_slot_states``);
+2. page-locked host memory (meaningless without a GPU): ``pool_host.common.
+   ALLOC_MEMORY_FUNCS`` registers the host buffers with ``cudaHostRegister``, so the "cpu"
+   entry allocates through the same storage allocator without registering; and the L3
+   page staging allocates ``pin_memory`` tensors (``get_dummy_flat_data_page``), so
+   ``unpin`` clears the host pools' ``pin_memory`` once they are built.
+
+``install`` is idempotent and only ever patches these four methods and one table entry;
+the L3 ``file`` backend needs no stand-in (tests point it at a temporary directory with
+``PoolConfig.hicache_storage_dir``).
+
+``host_budget`` is not a stand-in but SGLang's own ``host_memory_budget_scope``: a server
+keeps a 10 GiB host-memory reserve beside its pools (``pool_host/base.py`` 84-108), more
+than a small test machine has free, while the test pools take a few kilobytes; the scope
+books them against the machine's available memory instead; ``single_rank`` states the
+one-rank topology the L3 backend reads (no process group on CPU), as SGLang's fixtures do.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+_installed = False
+
+
+def _host_layer(buffer, layer_id: int, layout: str):
+    """One layer of a Mamba host buffer, slots first."""
+    if layout in ("page_first", "page_first_direct"):
+        return buffer[:, layer_id, 0]  # (size, layers, 1, *state)
+    return buffer[layer_id]  # layer_first: (layers, size, *state)
+
+
+def _index_copy(dst, dst_indices, src, src_indices) -> None:
+    """``dst[dst_indices] = src[src_indices]`` (the kernels' semantics), any strides."""
+    import torch  # heavy: only a caller that builds pools gets here
+
+    if src_indices.numel() == 0:
+        return
+    src_idx = src_indices.reshape(-1).to(device=src.device, dtype=torch.long)
+    dst_idx = dst_indices.reshape(-1).to(device=dst.device, dtype=torch.long)
+    dst[dst_idx] = src[src_idx].to(dst.device)
+
+
+def _kv_check(pool, io_backend: str) -> None:
+    if io_backend != "kernel" or pool.layout not in ("page_first", "layer_first"):
+        raise NotImplementedError(
+            f"CPU HiCache stand-in: KV host layout {pool.layout!r} with io backend "
+            f"{io_backend!r} (supported: page_first or layer_first, kernel)")
+
+
+def kv_load_to_device_per_layer(self, device_pool, host_indices, device_indices, layer_id,
+                                io_backend, *, is_draft: bool = False) -> None:
+    """``MHATokenToKVPoolHost.load_to_device_per_layer`` as torch index copies."""
+    _kv_check(self, io_backend)
+    if not is_draft and not 0 <= layer_id < self.target_layer_num:
+        return
+    _index_copy(self.device_k_buffers[layer_id], device_indices,
+                self.k_data_refs[layer_id], host_indices)
+    _index_copy(self.device_v_buffers[layer_id], device_indices,
+                self.v_data_refs[layer_id], host_indices)
+
+
+def kv_backup_from_device_all_layer(self, device_pool, host_indices, device_indices,
+                                    io_backend) -> None:
+    """``MHATokenToKVPoolHost.backup_from_device_all_layer`` as torch index copies."""
+    _kv_check(self, io_backend)
+    for layer_id in range(self.layer_num):
+        _index_copy(self.k_data_refs[layer_id], host_indices,
+                    self.device_k_buffers[layer_id], device_indices)
+        _index_copy(self.v_data_refs[layer_id], host_indices,
+                    self.device_v_buffers[layer_id], device_indices)
+
+
+def _mamba_layers(self):
+    temporal = (self.temporal_device_layers if self.mtp_draft_buffer_infos
+                else self.buffer_info.temporal)
+    conv = (self.conv_device_layers if self.mtp_draft_buffer_infos
+            else self.buffer_info.conv)
+    return temporal, conv
+
+
+def mamba_load_to_device_per_layer(self, device_pool, host_indices, device_indices, layer_id,
+                                   io_backend="kernel", *, is_draft: bool = False) -> None:
+    """``MambaPoolHost.load_to_device_per_layer`` as torch index copies."""
+    temporal, conv = _mamba_layers(self)
+    if layer_id == 0:
+        self._transfer_slot_states(host_indices, device_indices, to_device=True)
+    if self.temporal_state_elem_size > 0:
+        _index_copy(temporal[layer_id], device_indices,
+                    _host_layer(self.temporal_buffer, layer_id, self.layout), host_indices)
+    for i in range(len(self.conv_state_shapes)):
+        _index_copy(conv[i][layer_id], device_indices,
+                    _host_layer(self.conv_buffer[i], layer_id, self.layout), host_indices)
+
+
+def mamba_backup_from_device_all_layer(self, device_pool, host_indices, device_indices,
+                                       io_backend="kernel") -> None:
+    """``MambaPoolHost.backup_from_device_all_layer`` as torch index copies."""
+    temporal, conv = _mamba_layers(self)
+    for layer_id in range(self.num_mamba_layers):
+        if self.temporal_state_elem_size > 0:
+            _index_copy(_host_layer(self.temporal_buffer, layer_id, self.layout), host_indices,
+                        temporal[layer_id], device_indices)
+        for i in range(len(self.conv_state_shapes)):
+            _index_copy(_host_layer(self.conv_buffer[i], layer_id, self.layout), host_indices,
+                        conv[i][layer_id], device_indices)
+    self._transfer_slot_states(host_indices, device_indices, to_device=False)
+
+
+def _alloc_unregistered(dims, dtype, device, pin_memory, allocator,
+                        registration_granularity_bytes: Optional[int] = None):
+    """``alloc_with_host_register`` without ``cudaHostRegister``."""
+    return allocator.allocate(dims, dtype=dtype, device=device)
+
+
+def host_budget():
+    """SGLang's ``host_memory_budget_scope`` over the available host memory, no reserve."""
+    # heavy: sglang, imported only by a caller that builds host pools
+    from sglang.srt.mem_cache.host_memory import available_host_memory_bytes
+    from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope
+
+    return host_memory_budget_scope(available_host_memory_bytes())
+
+
+def unpin(cache) -> None:
+    """The built host pools allocate no more page-locked tensors (L3 page staging)."""
+    for entry in cache.host_pool_group.entries:
+        entry.host_pool.pin_memory = False
+
+
+def single_rank():
+    """The L3 backend reads this process's rank; a CPU build has no process group, so
+    state the single-rank topology (as SGLang's own HiCache test fixtures do)."""
+    from sglang.srt.runtime_context import get_parallel  # heavy: sglang
+
+    return get_parallel().override(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1)
+
+
+def install() -> None:
+    """Patch SGLang's host pools for a machine without a GPU (idempotent)."""
+    global _installed
+    if _installed:
+        return
+    # heavy: sglang's host pools, imported only where HiCache is built on CPU
+    from sglang.srt.mem_cache.pool_host import common
+    from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost
+    from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+
+    MHATokenToKVPoolHost.load_to_device_per_layer = kv_load_to_device_per_layer
+    MHATokenToKVPoolHost.backup_from_device_all_layer = kv_backup_from_device_all_layer
+    MambaPoolHost.load_to_device_per_layer = mamba_load_to_device_per_layer
+    MambaPoolHost.backup_from_device_all_layer = mamba_backup_from_device_all_layer
+    common.ALLOC_MEMORY_FUNCS["cpu"] = _alloc_unregistered
+    _installed = True
