@@ -285,6 +285,13 @@ class PrefixCache:
             while k:
                 attempts.append(adm.positions[:k])
                 k //= 2
+        out = self._insert_first_fitting(plan, full, attempts)
+        self._after_request(plan, full)
+        return out
+
+    def _insert_first_fitting(self, plan: RequestPlan, full: np.ndarray, attempts) -> dict:
+        """Insert the first of ``attempts`` (state positions, the preferred first) that fits
+        once room is made; {position: node} of its states ({} when none fits: rejected)."""
         out: dict = {}
         for i, positions in enumerate(attempts):
             seq = full[:positions[-1]]
@@ -298,7 +305,6 @@ class PrefixCache:
         else:
             self.stats.admissions_rejected += 1
         self.stats.peak_bytes = max(self.stats.peak_bytes, self.tree.bytes_used)
-        self._after_request(plan, full)
         return out
 
     def _finish_materialised(self, plan: RequestPlan, full: np.ndarray) -> dict:
@@ -325,22 +331,7 @@ class PrefixCache:
         if positions:
             attempts = [positions] + ([(mp.branch,)] if mp.branch and positions != (mp.branch,)
                                       else [])
-            for i, pos in enumerate(attempts):
-                seq = full[:pos[-1]]
-                if self.evict_at == "begin" or self._make_room(seq, pos):
-                    out, new = self.tree.insert(seq, pos, plan.index + self.insert_clock_offset)
-                    if mp.branch in out:
-                        # SGLang's tree splits at pages: the KV match ends on one, so the
-                        # branch state's node is a split point there, where this token-level
-                        # tree may split later inside the page (the reuse weight's bonus)
-                        node = out[mp.branch]
-                        node.max_children = max(node.max_children, 2)
-                    self.stats.states_admitted += new
-                    self.stats.admissions_truncated += i > 0
-                    break
-            else:
-                self.stats.admissions_rejected += 1
-            self.stats.peak_bytes = max(self.stats.peak_bytes, self.tree.bytes_used)
+            out = self._insert_first_fitting(plan, full, attempts)
         self._after_request(plan, full)
         return out
 
