@@ -5,15 +5,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import re
 import sys
 
-from sglang_marconi.cli.ab import CACHE_NAMES, _positive, add_marconi_arguments
+from sglang_marconi.cli.ab import CACHE_NAMES
 from sglang_marconi.cli.ab import _caches as parse_caches
+from sglang_marconi.cli.ab import _positive
 from sglang_marconi.cli.ab import _settings as settings_from_args
+from sglang_marconi.cli.ab import add_marconi_arguments
+from sglang_marconi.cli.common import run_with_sglang
+from sglang_marconi.driver.sizing import size_pools
 from sglang_marconi.errors import UserError
-from sglang_marconi.serving.gpu_model import PRESETS
+from sglang_marconi.model import resolve_model
+from sglang_marconi.serving.gpu_model import PRESETS, GpuTimeModel, preset
 from sglang_marconi.serving.router import ROUTERS, make_router
+from sglang_marconi.sim.traces import read_trace
 
 COLUMNS = (  # (header, key, format)
     ("cache", "cache", "{}"), ("load", "load", "{}"),
@@ -139,13 +146,9 @@ def format_table(runs: list, columns=COLUMNS) -> str:
 
 def build_setup(args):
     """(requests, ServeSetup, PoolSizes) from the parsed arguments (UserError on bad input)."""
-    from sglang_marconi.driver.sizing import size_pools
     from sglang_marconi.harness.ab import to_replay_requests
-    from sglang_marconi.model import resolve_model
-    from sglang_marconi.serving.gpu_model import GpuTimeModel, preset
     from sglang_marconi.serving.run import ServeSetup, pool_config
     from sglang_marconi.serving.scheduler import SchedulerConfig
-    from sglang_marconi.sim.traces import read_trace
 
     if args.mamba_track_interval % args.page_size or args.chunked_prefill_size % args.page_size:
         raise UserError("--mamba-track-interval and --chunked-prefill-size must be multiples "
@@ -193,14 +196,10 @@ def build_setup(args):
 
 
 def run(args) -> int:
-    from sglang_marconi.cli.common import run_with_sglang
-
     return run_with_sglang(_run, args)
 
 
 def _run(args) -> int:
-    import logging
-
     logging.getLogger("sglang").setLevel(logging.ERROR)  # retraction warnings: counted
     from sglang_marconi.serving.run import run_grid
 

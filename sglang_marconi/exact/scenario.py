@@ -30,6 +30,8 @@ import torch
 from sglang_marconi.exact import runner, snapshot
 from sglang_marconi.exact.archs import VOCAB, Arch, build_model
 from sglang_marconi.exact.store import CheckpointStore
+from sglang_marconi.model import spec_from_hf_config
+from sglang_marconi.policy.cache import PrefixCache
 from sglang_marconi.policy.tree import as_tokens, common_prefix_len
 
 TOLERANCE = 1e-4  # max |logit difference|; fp32, |logits| ~ 3; rounding noise stays < 7e-5
@@ -124,8 +126,6 @@ class BranchOracle:
 
 def make_cache(spec, capacity_bytes=None):
     """The project's prefix cache: grid 1, Marconi admission, LRU (unlimited by default)."""
-    from sglang_marconi.policy.cache import PrefixCache
-
     return PrefixCache(spec, capacity_bytes=capacity_bytes, grid=1, max_states_per_request=2,
                        alpha=0.0)
 
@@ -149,8 +149,6 @@ def run_arch(arch: Arch, seed: int = 0, ssm_offset: int = 0, n_decode: int = N_D
 
 def _run_arch(arch, seed, ssm_offset, n_decode, tolerance, crosscheck, keep_dt_clamp,
               capacity_bytes):
-    from sglang_marconi.model import spec_from_hf_config
-
     model = build_model(arch, seed, keep_dt_clamp=keep_dt_clamp)
     spec = spec_from_hf_config(model.config, dtype="float32")
     server = _Server(arch, model, spec, make_cache(spec, capacity_bytes), ssm_offset, n_decode,

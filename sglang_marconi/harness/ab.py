@@ -24,12 +24,14 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from sglang_marconi.policy import defaults
-from sglang_marconi.sglang_integration.options import MarconiSettings
+from tqdm import tqdm
+
 from sglang_marconi.driver import host_tier
 from sglang_marconi.driver.pools import PoolConfig, build_cache
 from sglang_marconi.driver.replay import Replayer, ReplayRequest
 from sglang_marconi.harness.timing import CallTimer, GCPauses, quantile
+from sglang_marconi.policy import defaults
+from sglang_marconi.sglang_integration.options import MarconiSettings
 
 # name -> (tree core, marconi?)
 CACHES = {
@@ -283,8 +285,6 @@ def _run_one(name, requests, cfg, progress, per_request, stack) -> dict:
 def run_ab(requests: list, cfg: ABConfig, show_progress: bool = True,
            per_request: bool = False) -> dict:
     """All caches of ``cfg`` on the same requests: ``{"caches": {name: column}}``."""
-    from tqdm import tqdm
-
     results = {}
     for name in cfg.caches:
         with tqdm(total=len(requests), desc=f"{name:>12}", unit="req",

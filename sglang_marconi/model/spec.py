@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from sglang_marconi.errors import UserError
 from sglang_marconi.model.layers import AttentionLayer, MLPLayer, SSMLayer
 
 DTYPE_BYTES = {
@@ -26,8 +27,6 @@ DTYPE_BYTES = {
 
 def dtype_bytes(name, what: str = "dtype") -> int:
     """Bytes per element of a dtype name ("bfloat16", "torch.float16", "fp8", ...)."""
-    from sglang_marconi.errors import UserError
-
     key = str(name).replace("torch.", "").lower()
     if key not in DTYPE_BYTES:
         raise UserError(f"unknown {what} {name!r}; known: {', '.join(sorted(DTYPE_BYTES))}")

@@ -11,7 +11,12 @@ the table with the command that computed it. The script is ``scripts/sweep_alpha
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from concurrent.futures import ProcessPoolExecutor
+
+from sglang_marconi.model import resolve_model
+from sglang_marconi.sim.generators import generate
+from sglang_marconi.sim.traces import read_trace
 
 MODES = {"stock": None, "fixed-1": 1.0, "fixed-2": 2.0, "auto": "auto", "online": "online"}
 SLOTS = (60, 200, 600, 1800)
@@ -32,22 +37,16 @@ def load(trace: str, limit):
     from sglang_marconi.harness.ab import to_replay_requests
 
     if trace.startswith("gen:"):
-        from sglang_marconi.sim.generators import generate
-
         return to_replay_requests(generate(trace[4:], seed=0), limit)
-    from sglang_marconi.sim.traces import read_trace
 
     return to_replay_requests(read_trace(trace), limit)
 
 
 def run_cell(cell: Cell) -> dict:
     """One replay: FLOPs saved (fraction of prefill) and the longest cache call."""
-    import warnings
-
     warnings.filterwarnings("ignore", category=UserWarning)
     from sglang_marconi.driver.pools import PoolConfig
     from sglang_marconi.harness.ab import ABConfig, run_one
-    from sglang_marconi.model import resolve_model
     from sglang_marconi.sglang_integration.options import MarconiSettings
 
     requests = load(cell.trace, cell.limit)

@@ -33,7 +33,12 @@ import tracemalloc
 from array import array
 from pathlib import Path
 
+import numpy as np
+
 from sglang_marconi.harness.timing import CallTimer, EvictTimer, quantile
+from sglang_marconi.model import preset_spec
+from sglang_marconi.policy.cache import PrefixCache
+from sglang_marconi.sim.traces import read_trace
 
 REPLAY_CACHES = ("stock", "stock-python", "marconi")
 SCALE_CACHES = ("stock", "stock-python", "marconi")
@@ -66,7 +71,6 @@ def _node_count(cache):
 # -- 1. replay ---------------------------------------------------------------------------
 def load_requests(trace: Path, limit):
     from sglang_marconi.harness.ab import to_replay_requests
-    from sglang_marconi.sim.traces import read_trace
 
     return to_replay_requests(read_trace(trace), limit)
 
@@ -75,9 +79,8 @@ def replay_config(requests, model: str = "qwen3_next", kv_tokens: int = 1_500_00
                   mamba_slots: int = 200, page_size: int = 64, chunk: int = 8192,
                   track_interval: int = 256, alpha: float = 1.0):
     """The CPU A/B's configuration (docs/sglang.md) for these requests."""
-    from sglang_marconi.model import preset_spec
-    from sglang_marconi.harness.ab import ABConfig
     from sglang_marconi.driver.pools import PoolConfig
+    from sglang_marconi.harness.ab import ABConfig
 
     longest = max(len(r.input_ids) + max(1, r.output_len) for r in requests)
     pools = PoolConfig(kv_tokens=max(kv_tokens, longest + 2 * page_size),
@@ -92,10 +95,10 @@ def replay_timing(requests, cfg, names=REPLAY_CACHES, alpha: float = 1.0,
                   progress: bool = False) -> dict:
     """Every cache of ``names`` built up front, the requests interleaved across them.
     Returns {name: column}."""
-    from sglang_marconi.harness.ab import instrument, make_cache
-    from sglang_marconi.driver.replay import Replayer
-
     from sglang.srt.mem_cache.unified_cache.components import base as clock
+
+    from sglang_marconi.driver.replay import Replayer
+    from sglang_marconi.harness.ab import instrument, make_cache
 
     runs = []
     for name in names:
@@ -179,8 +182,8 @@ def ratios(timing: dict, name: str = "marconi") -> dict:
 def replay_memory(requests, cfg, names=REPLAY_CACHES, alpha: float = 1.0) -> dict:
     """A separate, untimed pass per cache under tracemalloc: {name: {peak_mib, end_mib}},
     Python allocations from just before the cache is built (requests already loaded)."""
-    from sglang_marconi.harness.ab import make_cache
     from sglang_marconi.driver.replay import Replayer
+    from sglang_marconi.harness.ab import make_cache
 
     out = {}
     for name in names:
@@ -215,9 +218,9 @@ def scale_point(name: str, nodes: int, scenario: str, spec, alpha: float = 1.0,
     from sglang.srt.mem_cache.base_prefix_cache import InsertParams
     from sglang.srt.mem_cache.radix_cache import RadixKey
 
-    from sglang_marconi.harness.ab import ABConfig, make_cache
     from sglang_marconi.driver.pools import PoolConfig
     from sglang_marconi.driver.replay import Replayer, ReplayRequest
+    from sglang_marconi.harness.ab import ABConfig, make_cache
 
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r}")
@@ -285,9 +288,6 @@ def scaling(sizes, spec, names=SCALE_CACHES, scenarios=SCENARIOS, alpha: float =
 def sim_scale_point(nodes: int, spec, alpha: float = 1.0, max_requests: int = 100_000) -> dict:
     """``PrefixCache`` holding ``nodes`` distinct 128-token sequences (a state each, byte
     budget exactly full), then min(nodes, max_requests) more: each evicts one node."""
-    import numpy as np
-
-    from sglang_marconi.policy.cache import PrefixCache
 
     per_node = SEQ * spec.kv_bytes_per_token + spec.ssm_state_bytes
     cache = PrefixCache(spec, nodes * per_node, alpha=alpha, grid=64, max_states_per_request=2)

@@ -11,11 +11,20 @@ import time
 import warnings
 from pathlib import Path
 
+from sglang_marconi.model import preset_spec
 from sglang_marconi.reports.formatting import text_table
-from sglang_marconi.reports.overhead import (REPLAY_CACHES, REQ_LEN, SEQ, load_requests, ratios,
-                                             replay_config, replay_memory, replay_timing, scaling,
-                                             sim_scaling)
-
+from sglang_marconi.reports.overhead import (
+    REPLAY_CACHES,
+    REQ_LEN,
+    SEQ,
+    load_requests,
+    ratios,
+    replay_config,
+    replay_memory,
+    replay_timing,
+    scaling,
+    sim_scaling,
+)
 
 REPLAY_COLUMNS = (("cache", "<14"), ("alpha", ">6"), ("mean ms", ">9"), ("P50 ms", ">8"),
                   ("P99 ms", ">8"), ("evict ms", ">9"), ("evicts", ">7"), ("mean/stock", ">11"),
@@ -112,7 +121,6 @@ def run(args) -> int:
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     warnings.filterwarnings("ignore", category=UserWarning)
 
-    from sglang_marconi.model import preset_spec
 
     t_all = time.perf_counter()
     out = {"config": {k: v for k, v in vars(args).items()}, "cpus": os.cpu_count()}

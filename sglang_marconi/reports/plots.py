@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
+
 from sglang_marconi.reports import beyond
 from sglang_marconi.reports.formatting import gb, slug
 from sglang_marconi.reports.reproduce import FAMILY_ORDER, PAPER, POLICIES, families
@@ -19,7 +21,6 @@ def write_plots(sweep: dict, an: dict, img: Path) -> list:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import matplotlib.ticker  # noqa: F401
-    import numpy as np
 
     cfg = sweep["config"]
     img.mkdir(parents=True, exist_ok=True)
@@ -193,7 +194,6 @@ def write_beyond_plot(an: dict, path: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     fig, ax = plt.subplots(figsize=(8, 4))
     caps = list(beyond.MOONCAKE_CAPS)

@@ -16,8 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import multiprocessing
+import warnings
 from pathlib import Path
 from typing import Optional
+
+from sglang_marconi.driver.sizing import size_pools
+from sglang_marconi.model import preset_spec
+from sglang_marconi.sim.traces import read_trace
 
 MODELS = ("paper-7b", "qwen3_next")
 BUDGETS = (50, 100, 200)
@@ -56,7 +62,6 @@ _REQUESTS: dict = {}
 
 def _requests(trace: str, limit: Optional[int]):
     from sglang_marconi.harness.ab import to_replay_requests
-    from sglang_marconi.sim.traces import read_trace
 
     key = (trace, limit)
     if key not in _REQUESTS:
@@ -67,14 +72,10 @@ def _requests(trace: str, limit: Optional[int]):
 
 def run_cell(cell: dict, trace: str, limit: Optional[int] = None) -> dict:
     """One cache on one sized pool: the A/B column plus the cell and its pool sizes."""
-    import warnings
-
     warnings.filterwarnings("ignore", category=UserWarning)
     from sglang_marconi.driver.pools import PoolConfig
-    from sglang_marconi.driver.sizing import size_pools
     from sglang_marconi.driver.unified_pools import UnifiedConfig
     from sglang_marconi.harness.ab import ABConfig, run_one
-    from sglang_marconi.model import preset_spec
     from sglang_marconi.sglang_integration.options import MarconiSettings
 
     spec = preset_spec(cell["model"])
@@ -105,8 +106,6 @@ def _work(args):
 def run(trace: str, out: Path, cells: list, processes: int = 2,
         limit: Optional[int] = None, progress=print) -> list:
     """Replay the cells not yet in ``out`` (JSON lines), ``processes`` at a time."""
-    import multiprocessing
-
     done = load(out)
     have = {cell_key(r) for r in done if r.get("limit") == limit}
     todo = [c for c in cells if cell_key(c) not in have]

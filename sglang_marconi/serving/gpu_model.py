@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+from sglang_marconi.model.spec import dtype_bytes
+
 
 @dataclass(frozen=True)
 class GpuPreset:
@@ -55,8 +57,6 @@ class GpuTimeModel:
     """Seconds of one forward step for a model spec on a GPU preset."""
 
     def __init__(self, spec, gpu: GpuPreset):
-        from sglang_marconi.model.spec import dtype_bytes
-
         self.spec = spec
         self.gpu = gpu
         linear, self.attn_coeff = spec._coeffs  # prefill_flops(L) = linear*L + attn*L^2

@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from tqdm import tqdm
+
 from sglang_marconi.driver.pools import PoolConfig
 from sglang_marconi.harness.ab import ABConfig, make_cache
 from sglang_marconi.serving.arrivals import arrivals_for_load, arrivals_scaled
@@ -70,8 +72,6 @@ def run_grid(requests, setup: ServeSetup, caches, loads, rate_scale=None,
              show_progress: bool = True) -> dict:
     """Every cache at every load (or at ``rate_scale``): ``{"runs": [...], "ttft": {...}}``
     (``ttft``: sorted per-request TTFTs by "cache@load", for the plots)."""
-    from tqdm import tqdm
-
     runs, curves = [], {}
     points = [(None, rate_scale)] if rate_scale is not None else [(x, None) for x in loads]
     for load, scale in points:
@@ -92,8 +92,6 @@ def run_cluster_grid(requests, setup: ServeSetup, replicas: int, routers, caches
                      rate_scale=None, router_options=None, show_progress: bool = True) -> list:
     """Every router x cache at every load (or at ``rate_scale``) on ``replicas`` replicas
     (``serving.cluster``); returns the summaries."""
-    from tqdm import tqdm
-
     runs = []
     points = [(None, rate_scale)] if rate_scale is not None else [(x, None) for x in loads]
     for load, scale in points:

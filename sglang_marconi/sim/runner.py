@@ -8,9 +8,11 @@ the end, and the replay wall time. Policies can run in parallel processes (``job
 """
 from __future__ import annotations
 
+import multiprocessing as mp
 import time
 
 import numpy as np
+from tqdm import tqdm
 
 from sglang_marconi.sim.latency import LatencyModel
 from sglang_marconi.sim.policies import PolicySpec, build_cache
@@ -27,8 +29,6 @@ def run_policy(trace, spec, capacity, policy: PolicySpec, grid: int = 1,
     requests = trace.requests
     it = range(len(requests))
     if progress:
-        from tqdm import tqdm
-
         it = tqdm(it, desc=f"{policy.label:>16}", unit="req", leave=False, position=position,
                   mininterval=0.5)
     start = time.perf_counter()
@@ -99,8 +99,6 @@ def simulate(trace, spec, capacity, policies, grid: int = 1, latency: LatencyMod
     latency = latency or LatencyModel()
     results: dict[str, dict] = {}
     if jobs > 1 and len(policies) > 1:
-        import multiprocessing as mp
-
         _FORK_STATE["shared"] = (trace, spec, capacity, grid, latency)
         with mp.get_context("fork").Pool(min(jobs, len(policies))) as pool:
             for label, res in pool.imap(_run_forked, [(p, i) for i, p in enumerate(policies)]):

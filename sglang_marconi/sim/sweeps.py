@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import math
+import multiprocessing as mp
 import os
 import time
 from dataclasses import dataclass, field
@@ -26,14 +27,17 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from sglang_marconi.model.layers import AttentionLayer, MLPLayer, SSMLayer
 from sglang_marconi.model.presets import PAPER_D, PAPER_N, preset_spec
 from sglang_marconi.model.spec import HybridModelSpec, dtype_bytes
 from sglang_marconi.policy.stock import StockSGLangCache
+from sglang_marconi.sim.generators import generate
 from sglang_marconi.sim.latency import LatencyModel
 from sglang_marconi.sim.policies import build_cache, parse_policy
 from sglang_marconi.sim.runner import summarize
+from sglang_marconi.sim.traces import read_trace
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MOONCAKE_TRACE = REPO_ROOT.parent / "shared" / "traces" / "mooncake" / "synthetic_trace.jsonl"
@@ -124,12 +128,8 @@ _TRACES: dict = {}
 def _build_trace(ref: WorkloadRef):
     if ref not in _TRACES:
         if ref.kind == "trace":
-            from sglang_marconi.sim.traces import read_trace
-
             trace = read_trace(ref.name)
         else:
-            from sglang_marconi.sim.generators import generate
-
             trace = generate(ref.name, seed=ref.seed, **dict(ref.params))
         _TRACES[ref] = trace.head(ref.limit)
     return _TRACES[ref]
@@ -336,13 +336,9 @@ def run_tasks(items, jobs: int = 2, progress: bool = True, desc: str = "configur
     results: list = [None] * len(items)
     bar = None
     if progress:
-        from tqdm import tqdm
-
         bar = tqdm(total=len(items), desc=desc, unit="cfg", mininterval=1.0)
     try:
         if jobs > 1 and len(items) > 1:
-            import multiprocessing as mp
-
             with mp.get_context("fork").Pool(min(jobs, len(items))) as pool:
                 ordered = [(i, items[i]) for i in order]
                 for j, out in pool.imap_unordered(_work_indexed, ordered):
