@@ -62,6 +62,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--chunked-prefill-size", type=_positive, default=8192)
     p.add_argument("--max-prefill-tokens", type=_positive, default=16384)
     p.add_argument("--mamba-track-interval", type=_positive, default=256)
+    p.add_argument("--disable-overlap-schedule", action="store_true",
+                   help="SGLang's flag: the normal loop (event_loop_normal) instead of the "
+                        "overlap loop, SGLang's default; also 1 tracking slot per request "
+                        "instead of 2")
     p.add_argument("--schedule-policy", choices=("lpm", "fcfs", "dfs-weight", "lof", "random"),
                    default="lpm")
     a = parser.add_argument_group("arrivals")
@@ -120,7 +124,7 @@ def build_setup(args):
     sizes = size_pools(spec, args.cache_gb, args.memory,
                        mamba_full_memory_ratio=args.mamba_full_memory_ratio,
                        page_size=args.page_size, max_running_requests=args.max_running_requests,
-                       overlap=False)
+                       overlap=not args.disable_overlap_schedule)
     gpu = preset(args.gpu,
                  peak_flops=args.peak_tflops and args.peak_tflops * 1e12,
                  hbm_bytes_s=args.hbm_tbs and args.hbm_tbs * 1e12, mfu=args.mfu,
@@ -129,13 +133,14 @@ def build_setup(args):
                  else args.step_overhead_ms / 1e3)
     longest = max(len(r.input_ids) + max(1, r.output_len) for r in requests)
     pools = pool_config(sizes, longest + 2 * args.page_size, args.chunked_prefill_size,
-                        args.mamba_track_interval)
+                        args.mamba_track_interval, overlap=not args.disable_overlap_schedule)
     sched = SchedulerConfig(max_running_requests=sizes.max_running_requests,
                             chunked_prefill_size=args.chunked_prefill_size,
                             max_prefill_tokens=args.max_prefill_tokens,
                             schedule_policy=args.schedule_policy,
                             measure_bookkeeping=args.bookkeeping == "measured",
-                            clients=args.clients)
+                            clients=args.clients,
+                            overlap=not args.disable_overlap_schedule)
     unified = None
     if sizes.mode == "unified":
         from sglang_marconi.driver.unified_pools import UnifiedConfig
@@ -170,7 +175,8 @@ def _run(args) -> int:
     config = {"trace": str(args.trace), "model": setup.spec.name, "requests": len(requests),
               "gpu": setup.time_model.gpu.as_dict(), "pools": sizes.as_dict(),
               "schedule_policy": args.schedule_policy, "bookkeeping": args.bookkeeping,
-              "clients": args.clients}
+              "clients": args.clients,
+              "loop": "normal" if args.disable_overlap_schedule else "overlap"}
     if args.plot:
         from sglang_marconi.serving.plots import plot_serving
 

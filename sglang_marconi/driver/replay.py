@@ -48,6 +48,9 @@ class ReplayRequest:
     input_ids: array
     output_ids: Sequence[int]
     abort_after_chunks: Optional[int] = None  # abort once this many chunks ran (tests)
+    # finish on a stop token (the last output id, as an EOS) instead of by length: trace
+    # requests finish by length (a benchmark client's max_new_tokens with ignore_eos)
+    finish_by_stop: bool = False
 
     @property
     def output_len(self) -> int:
@@ -268,6 +271,27 @@ class Replayer:
         release_kv_cache(req, self.cache, checkpoint=True)
         return RequestOutcome(input_len, hit_len, out_len, False,
                               seconds + time.perf_counter() - t0, peak_kv, peak_mamba)
+
+
+def sampling_params(rr: ReplayRequest, out: Sequence[int]):
+    """The request's normalized ``SamplingParams``: ``max_new_tokens`` = its output length,
+    or with ``finish_by_stop`` a stop token (its last output id, which must not occur
+    earlier in the output) and room for ``STOP_HEADROOM`` more tokens."""
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    if not rr.finish_by_stop:
+        params = SamplingParams(temperature=0, max_new_tokens=len(out))
+    else:
+        if out[-1] in out[:-1]:
+            raise ValueError(f"request {rr.rid}: its stop token {out[-1]} occurs before "
+                             "the end of its output")
+        params = SamplingParams(temperature=0, max_new_tokens=len(out) + STOP_HEADROOM,
+                                stop_token_ids=[int(out[-1])])
+    params.normalize(None)                                   # the tokenizer manager's step
+    return params
+
+
+STOP_HEADROOM = 16
 
 
 def _output_token(rid: str, i: int) -> int:

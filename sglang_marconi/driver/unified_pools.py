@@ -128,7 +128,8 @@ def build_unified_pools(pc: PoolConfig, ucfg: UnifiedConfig, keep_global_args: b
         max_mamba_cache_size=slots, max_num_reqs=pc.max_running_requests,
         enable_memory_saver=False, enable_mamba_extra_buffer=pc.extra_buffer,
         enable_mamba_extra_buffer_lazy=False, speculative_num_draft_tokens=None,
-        disable_overlap_schedule=True, need_sort=False,
+        # None: 1 tracking slot per request, as before PoolConfig.overlap_schedule existed
+        disable_overlap_schedule=not pc.overlap_schedule, need_sort=False,
         lazy_compaction=ucfg.lazy_compaction, unified_total_bytes=kv_side,
     )
     allocator = bundle.token_to_kv_pool_allocator

@@ -31,15 +31,16 @@ class ServeSetup:
 
 
 def pool_config(sizes, max_context_len: int, chunked_prefill_size: int = 8192,
-                mamba_track_interval: int = 256) -> PoolConfig:
+                mamba_track_interval: int = 256, overlap: bool = True) -> PoolConfig:
     """The CPU pools for SGLang's ``PoolSizes`` (unified mode: ``max_mamba_cache_size`` and
     the KV tokens the buffer could hold; the buffer itself, and from it the allocator's
-    slot ids, is ``ServeSetup.unified``)."""
+    slot ids, is ``ServeSetup.unified``). ``overlap``: the scheduler loop, which sizes a
+    running request's ping-pong track buffer (2 slots under overlap, 1 without)."""
     return PoolConfig(kv_tokens=sizes.kv_tokens, mamba_slots=sizes.mamba_slots,
                       page_size=sizes.page_size, max_context_len=max_context_len,
                       max_running_requests=sizes.max_running_requests,
                       chunked_prefill_size=chunked_prefill_size,
-                      mamba_track_interval=mamba_track_interval)
+                      mamba_track_interval=mamba_track_interval, overlap_schedule=overlap)
 
 
 def arrivals(setup: ServeSetup, requests, load: Optional[float], rate_scale: Optional[float]):

@@ -1,8 +1,22 @@
 """SGLang 0.5.23's scheduler loop on CPU, with a virtual clock instead of a forward pass.
 
-``ServingScheduler.step`` is ``Scheduler.event_loop_normal`` (scheduler.py:2026-2060, the
-non-overlap loop): ingest arrived requests, ``get_next_batch_to_run``, run the batch,
-``process_batch_result``. Only this outer loop is written here, in SGLang's order and
+``ServingScheduler.step`` is one iteration of SGLang's scheduler loop:
+
+- ``Scheduler.event_loop_overlap`` (scheduler.py:2061-2134, SGLang's default, and so
+  serve-sim's): ingest; ``get_next_batch_to_run`` forms batch k (matches, admission,
+  allocation, evictions, retraction) while the result of batch k-1 is still queued; launch
+  k and queue ``(batch.copy(), result)``; then process k-1's result. So a request that
+  finished in k-1 keeps its KV row, state slots and tree lock while k is formed, a
+  prefill's requests are merged into the next decode before their first token is on the
+  CPU, requests the queued result finishes by length are left out of k
+  (``_reqs_finishing_inflight``, 4444-4457), a stop-token finisher is decoded once more
+  (one KV slot of overshoot, freed by ``release_kv_cache``), and a request retracted while
+  its result was queued has that result skipped (batch_result_processor.py 343-349,
+  1022-1027);
+- ``Scheduler.event_loop_normal`` (2026-2060, ``--disable-overlap-schedule``): ingest,
+  ``get_next_batch_to_run``, run the batch, ``process_batch_result``.
+
+Only this outer loop is written here, in SGLang's order and
 with the line numbers of the installed 0.5.23 cited at each part; every decision inside
 it is SGLang's own code, called on the real cache and pools of ``driver.pools``:
 
@@ -17,25 +31,33 @@ it is SGLang's own code, called on the real cache and pools of ``driver.pools``:
 What cannot run on CPU, and its replacement:
 - the forward pass (``run_batch``): the GPU time model (``gpu_model``) advances the clock,
   and each request's next output token is the trace's (``ReplayRequest.output_ids``);
+- under overlap, the future map (the next batch reads the previous batch's sampled tokens
+  on the GPU), the forward/schedule streams and their events (``copy_done``, the WAR
+  barrier): the queued result carries the virtual time its forward ends, and processing it
+  first waits for that time (``copy_done.synchronize()``, brp 267-268, 957-958). A step
+  costs max(forward k, CPU of processing k-1 + scheduling k+1) on the clock; the CPU time
+  the GPU waited for is recorded per step (``StepRecord.exposed_cpu_s``);
 - ``prepare_for_decode`` ends with ``track_mask_cpu.pin_memory()`` (schedule_batch.py:3830),
   which needs a CUDA driver: ``Tensor.pin_memory`` is an identity during that call;
 - ``process_batch_result_{prefill,decode}`` (scheduler_components/batch_result_processor.py)
   are methods of the scheduler object (streaming, logprobs, metrics, grammar): the few
-  lines that touch the cache are followed here (cited in ``_process_batch_result``); the
-  decode-track ping-pong is ``driver.replay.Replayer._track_decode_state``.
-Disabled features (SGLang's defaults here): overlap schedule, mixed chunk, priority
-scheduling, LoRA, HiCache, speculative decoding, DP attention, PD disaggregation.
+  lines that touch the cache are followed here (cited in ``_process_batch_result``),
+  the decode-track ping-pong with its overlap lookahead in ``_track_decode_state``.
+Disabled features (SGLang's defaults here): mixed chunk, priority scheduling, LoRA,
+HiCache, speculative decoding, DP attention, PD disaggregation; the consecutive-prefill
+overlap switch (``SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP``) is off, as by default.
 """
 from __future__ import annotations
 
 import types
+from collections import deque
 from dataclasses import dataclass
 from typing import List, Optional
 from unittest import mock
 
 import torch
 
-from sglang_marconi.driver.replay import Replayer, _output_token
+from sglang_marconi.driver.replay import _output_token, sampling_params
 from sglang_marconi.harness.timing import GCPauses
 from sglang_marconi.serving.clock import CacheTimer
 
@@ -51,6 +73,7 @@ class SchedulerConfig:
     # closed loop: at most this many requests in the server (a request is released when
     # one finishes; its arrival is then). 1 with all arrivals at 0 is the serial replay.
     clients: Optional[int] = None
+    overlap: bool = True     # event_loop_overlap (SGLang's default); False: event_loop_normal
 
 
 @dataclass
@@ -78,6 +101,7 @@ class StepRecord:
     resident: int          # requests holding a request row (running + chunked)
     state_slots_used: int  # Mamba pool slots in use after the step
     state_slots_tree: int  # of which the tree holds
+    exposed_cpu_s: float = 0.0  # CPU time the GPU waited for before this step's forward
 
 
 class ServingScheduler:
@@ -93,7 +117,6 @@ class ServingScheduler:
         self.allocator = cache.token_to_kv_pool_allocator
         self.rtp = cache.req_to_token_pool
         self.mamba_allocator = self.rtp.mamba_allocator
-        self.replayer = Replayer(cache, cfg.chunked_prefill_size, cfg.mamba_chunk_size)
         self.policy = SchedulePolicy(cfg.schedule_policy, cache, False, False, False)
         self.ratio = NewTokenRatioTracker.from_config()
         self.model_config = types.SimpleNamespace(
@@ -110,22 +133,35 @@ class ServingScheduler:
         self.running = ScheduleBatch(reqs=[], batch_is_full=False)
         self.chunked_req = None
         self.last_batch = None
+        self.result_queue = deque()  # (batch copy, virtual time its forward ends)
+        self.gpu_free = 0.0          # when the GPU finishes the last launched forward
         self.now = 0.0
         self.steps: List[StepRecord] = []
         self.retractions = 0
         self.ingested = self.completed = 0  # requests arrived / finished or aborted
 
-    # -- event_loop_normal (scheduler.py:2026-2060) --------------------------------------
+    # -- the loops ----------------------------------------------------------------------
     def done(self) -> bool:
         return not (self.pending or self.waiting or self.chunked_req is not None
-                    or not self.running.is_empty()
+                    or not self.running.is_empty() or self.result_queue
                     or (self.last_batch is not None and not self.last_batch.is_empty()))
 
     def step(self) -> None:
+        if self.cfg.overlap:
+            self._step_overlap()
+        else:
+            self._step_normal()
+
+    def _wait_for_arrival(self) -> None:
+        """Nothing to run, nothing in flight: the clock moves to the next arrival."""
+        self.now = max(self.now, self.pending[-1][0])
+        self._ingest()
+
+    # event_loop_normal (scheduler.py:2026-2060)
+    def _step_normal(self) -> None:
         self._ingest()                                       # ingest_requests
         if self._idle() and self.pending and not self.in_flight:
-            self.now = max(self.now, self.pending[-1][0])    # nothing to run: next arrival
-            self._ingest()
+            self._wait_for_arrival()
         start = self.now
         batch = self._get_next_batch_to_run()
         sched_s = self.timer.take()
@@ -139,13 +175,51 @@ class ServingScheduler:
         proc_s = self.timer.take()
         self.now += proc_s
         self.last_batch = batch
+        # the CPU runs in series with the forward: all of it is exposed
+        self._record_step(batch, start, gpu_s, sched_s + proc_s,
+                          0.0 if batch is None else sched_s + proc_s)
+
+    # event_loop_overlap (scheduler.py:2061-2134)
+    def _step_overlap(self) -> None:
+        self._ingest()                                       # 2080
+        woke = float("-inf")
+        if self._idle() and self.pending and not self.in_flight:
+            self._wait_for_arrival()
+            woke = self.now
+        start = self.now
+        batch = self._get_next_batch_to_run()                # 2086-2091
+        sched_s = self.timer.take()
+        self.now += sched_s
+        # is_disable_overlap_for_batch (2136-2171): False (consecutive-prefill switch off,
+        # no grammar, no speculative decoding): the queued result is processed after launch
+        gpu_s = exposed = 0.0
+        if batch is not None:                                # 2107-2111: launch, queue
+            gpu_s = self._run_batch(batch)
+            # the GPU starts batch k when the CPU launches it and batch k-1 is done; the
+            # CPU time it waited for is exposed (first batch after idle, a drained result)
+            exposed = max(0.0, self.now - max(self.gpu_free, woke))
+            self.gpu_free = max(self.now, self.gpu_free) + gpu_s
+            self.result_queue.append((batch.copy(), self.gpu_free))
+        if self.last_batch is not None:                      # 2116-2118: process k-1
+            prev, ready = self.result_queue.popleft()
+            self.now = max(self.now, ready)                  # copy_done.synchronize()
+            self._process_batch_result(prev)
+        elif batch is None and self.waiting and self._idle(ignore_waiting=True):
+            self._abort(self.waiting.pop(0), "does not fit the pools")  # on_idle
+        proc_s = self.timer.take()
+        self.now += proc_s
+        self.last_batch = batch                              # 2127
+        self._record_step(batch, start, gpu_s, sched_s + proc_s, exposed)
+
+    def _record_step(self, batch, start, gpu_s, cache_s, exposed) -> None:
         tree = self.cache.mamba_evictable_size() + self.cache.mamba_protected_size()
         used = self.mamba_allocator.size - self.mamba_allocator.available_size()
         kind = "idle" if batch is None else ("decode" if batch.forward_mode.is_decode()
                                              else "extend")
-        self.steps.append(StepRecord(kind, start, gpu_s, sched_s + proc_s,
+        self.steps.append(StepRecord(kind, start, gpu_s, cache_s,
                                      0 if batch is None else batch.batch_size(),
-                                     self.rtp.size - self.rtp.available_size(), used, tree))
+                                     self.rtp.size - self.rtp.available_size(), used, tree,
+                                     exposed))
         if self.after_step is not None:
             self.after_step(self)
 
@@ -169,7 +243,6 @@ class ServingScheduler:
 
     def _ingest(self) -> None:
         from sglang.srt.managers.schedule_batch import Req
-        from sglang.srt.sampling.sampling_params import SamplingParams
 
         while self.pending and self.pending[-1][0] <= self.now:
             if self.cfg.clients is not None and self.in_flight >= self.cfg.clients:
@@ -181,8 +254,7 @@ class ServingScheduler:
             rec = RequestRecord(rr.rid, arrival, len(rr.input_ids), len(out))
             self.records[rr.rid] = rec
             self.outputs[rr.rid] = out
-            params = SamplingParams(temperature=0, max_new_tokens=len(out))
-            params.normalize(None)                           # the tokenizer manager's step
+            params = sampling_params(rr, out)
             req = Req(rid=rr.rid, origin_input_text="", origin_input_ids=rr.input_ids,
                       sampling_params=params)
             if rec.input_len + rec.output_len > self.allocator.size - 2 * self.allocator.page_size:
@@ -306,7 +378,7 @@ class ServingScheduler:
             if rec.admitted is None:
                 rec.admitted, rec.hit_len = self.now, req.prefix_len
         batch = ScheduleBatch.init_new(                      # 4335-4350
-            can_run, self.rtp, self.allocator, self.cache, self.model_config, False,
+            can_run, self.rtp, self.allocator, self.cache, self.model_config, self.cfg.overlap,
             SpeculativeAlgorithm.NONE, chunked_req=self.chunked_req)
         batch.contains_last_prefill_chunk = self.chunked_req is None or len(can_run) != 1
         batch.prepare_for_extend()
@@ -314,12 +386,27 @@ class ServingScheduler:
         return batch
 
     # -- update_running_batch (scheduler.py:4459-4555) -----------------------------------
+    def _reqs_finishing_inflight(self, batch) -> list:
+        """scheduler.py:4444-4457: requests the queued result finishes by length."""
+        if not self.cfg.overlap or not self.result_queue:
+            return []
+        assert len(self.result_queue) == 1
+        queued = set(self.result_queue[0][0].reqs)
+        return [r for r in batch.reqs if r in queued and r.next_output_finishes_by_length()]
+
     def _update_running_batch(self, batch):
         initial_bs = batch.batch_size()
+        finishing = self._reqs_finishing_inflight(batch)    # 4463-4467
+        batch.filter_batch(reqs_to_exclude=finishing)
         if batch.is_empty():
             batch.batch_is_full = False
             return batch
-        if not batch.check_decode_mem():
+        kv_full = not batch.check_decode_mem()
+        if kv_full and finishing:                            # 4469-4473
+            # the queued result frees the finishing requests' KV at the end of this step
+            batch.batch_is_full = False
+            return None
+        if kv_full:
             retracted, new_ratio, to_abort = batch.retract_decode()
             self.ratio.current = new_ratio
             for req in to_abort:
@@ -347,28 +434,53 @@ class ServingScheduler:
 
     # -- process_batch_result (scheduler.py:5074-5100) -----------------------------------
     def _process_batch_result(self, batch) -> None:
+        """The cache's lines of ``process_batch_result_prefill`` (brp 281-450) and
+        ``process_batch_result_decode`` (brp 952-1100) for a batch as it was launched (under
+        overlap the queued ``batch.copy()``, processed one step later)."""
         from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
 
         decode = batch.forward_mode.is_decode()
-        for req in batch.reqs:
+        for i, req in enumerate(batch.reqs):
             if decode:
-                # process_batch_result_decode: the ping-pong track update (1389-1405,
-                # 1561-1577) happens for the step's boundary before the release
-                self.replayer._track_decode_state(req)
+                if self.cfg.overlap and (req.finished() or req.is_retracted):
+                    continue                                 # brp 1022-1027
+            elif (req.finished() and req.inflight_middle_chunks <= 0) or req.is_retracted:
+                continue                                     # brp 343-349
             elif req.inflight_middle_chunks > 0:
-                # process_batch_result_prefill, chunked branch (~425-445)
-                req.inflight_middle_chunks -= 1
-                continue
-            elif req.finished() or req.is_retracted:
+                req.inflight_middle_chunks -= 1              # brp 426-431: chunked branch
                 continue
             rec = self.records[req.rid]
             req.output_ids.append(int(self.outputs[req.rid][len(req.output_ids)]))
             req.update_finish_state()
+            if decode:
+                # _handle_finish_state_updated_req (brp 1366-1427): the ping-pong track
+                # update for the step's boundary happens before the release
+                self._track_decode_state(batch, i, req)
             if rec.first_token is None:
                 rec.first_token = self.now
-            if req.finished():                               # prefill ~376-383, decode
+            if req.finished():                               # prefill 376-383, decode 1459
                 release_kv_cache(req, self.cache, checkpoint=True)
                 rec.finished = self.now
                 self.completed += 1
             elif not decode:
-                checkpoint_kv_cache(req, self.cache)         # prefill ~384-386
+                checkpoint_kv_cache(req, self.cache)         # prefill 384-386
+
+    def _track_decode_state(self, batch, i: int, req) -> None:
+        """brp 1376-1427 and ``_mamba_prefix_cache_update`` (1527-1580), non-lazy, no
+        speculative decoding. ``lookahead`` is 1 when the next decode batch was prepared
+        before this result (overlap): the snapshot this step completed is at
+        ``kv_committed_len - lookahead``, and ``mamba_track_mask_next_cpu`` tells whether
+        the batch already in flight is at a boundary (then the next slot is swapped now)."""
+        if batch.mamba_track_mask_cpu is None or req.kv.mamba_ping_pong_track_buffer is None:
+            return                                           # no extra_buffer
+        completed = bool(batch.mamba_track_mask_cpu[i])
+        lookahead = req.decode_batch_idx - batch.mamba_decode_batch_idx_cpu[i]
+        assert lookahead in (0, 1), f"{req.rid}: overlap lookahead {lookahead}"
+        known = completed if lookahead == 0 else bool(batch.mamba_track_mask_next_cpu[i])
+        if completed:
+            req.kv.mamba_last_track_idx = batch.mamba_track_buffer_indices[i]
+            req.kv.mamba_prev_track_seqlen = req.kv.mamba_last_track_seqlen
+            req.kv.mamba_last_track_seqlen = req.kv.kv_committed_len - lookahead
+        if known:                                            # known_boundary=True (1550-1580)
+            req.kv.mamba_next_track_idx = self.rtp.get_mamba_ping_pong_other_idx(
+                req.kv.mamba_next_track_idx)
