@@ -20,10 +20,12 @@ COLUMNS = (  # (header, key, format)
     ("p99", "ttft_p99_s", "{:.3f}"), ("queue p95", "queue_p95_s", "{:.3f}"),
     ("req/s", "throughput_req_s", "{:.2f}"), ("out tok/s", "output_tok_s", "{:,.0f}"),
     ("FLOPs saved", "flops_saved_fraction", "{:.1%}"), ("hit", "token_hit_rate", "{:.1%}"),
-    ("busy", "gpu_busy_fraction", "{:.0%}"), ("running", "mean_running", "{:.1f}"),
+    ("busy", "busy_fraction", "{:.0%}"), ("cpu crit", "cpu_critical_fraction", "{:.0%}"),
+    ("overloaded", "overloaded", "{}"), ("running", "mean_running", "{:.1f}"),
     ("slots run", "state_slots_by_running_mean", "{:.0f}"),
     ("slots tree", "state_slots_by_tree_mean", "{:.0f}"), ("retract", "retractions", "{}"),
     ("aborted", "aborted", "{}"), ("bk ms p99", "bookkeeping_ms_per_step_p99", "{:.2f}"),
+    ("bk ms max", "bookkeeping_ms_per_step_max", "{:.1f}"), ("gc max s", "gc_pause_s_max", "{:.3f}"),
     ("wall s", "wall_s", "{:.0f}"),
 )
 
@@ -33,7 +35,7 @@ def _loads(text: str) -> tuple:
     if not parts or not all(re.fullmatch(r"[0-9]*\.?[0-9]+", p) and float(p) > 0
                             for p in parts):
         raise UserError(f"--load: expected positive numbers, comma-separated (0.8 = 80% "
-                        f"of the prefill capacity), got {text!r}")
+                        f"of the capacity with no cache hit), got {text!r}")
     return tuple(float(p) for p in parts)
 
 
@@ -69,7 +71,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--schedule-policy", choices=("lpm", "fcfs", "dfs-weight", "lof", "random"),
                    default="lpm")
     a = parser.add_argument_group("arrivals")
-    a.add_argument("--load", default="0.8", help="offered loads, e.g. 0.5,0.8,0.95")
+    a.add_argument("--load", default="0.8", help="offered loads, e.g. 0.5,0.8,0.95: the GPU work of the trace with "
+                        "no cache hit (prefill, and decode at the largest batch the pools "
+                        "allow) over the arrival span")
     a.add_argument("--rate-scale", type=float, default=None,
                    help="instead of --load: multiply the trace's timestamps by this")
     a.add_argument("--clients", type=_positive, default=None,

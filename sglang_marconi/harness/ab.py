@@ -41,6 +41,9 @@ class ABConfig:
     settings: object = None            # MarconiSettings (None: defaults)
     caches: tuple = ("stock", "stock-python", "marconi")
     unified: object = None             # driver.unified_pools.UnifiedConfig: one byte buffer
+    # SGLang's scheduler loop: overlap (its default) or normal (--disable-overlap-schedule);
+    # what differs for one request at a time: driver.replay.Replayer(overlap=...)
+    overlap: bool = True
 
 
 @dataclass
@@ -117,7 +120,8 @@ def run_one(name: str, requests: list, cfg: ABConfig,
     counters = instrument(cache)
     pauses = GCPauses()
     calls = CallTimer(cache, pauses)
-    replayer = Replayer(cache, chunked_prefill_size=cfg.pools.chunked_prefill_size)
+    replayer = Replayer(cache, chunked_prefill_size=cfg.pools.chunked_prefill_size,
+                        overlap=cfg.overlap)
     spec = cfg.spec
     hit = inp = 0
     saved = total_flops = 0.0

@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 from sglang_marconi.driver.pools import PoolConfig
 from sglang_marconi.harness.ab import ABConfig, make_cache
-from sglang_marconi.serving.arrivals import arrivals_for_load, arrivals_scaled
+from sglang_marconi.serving.arrivals import arrivals_for_load, arrivals_scaled, decode_batch
 from sglang_marconi.serving.metrics import summarize, ttfts
 from sglang_marconi.serving.scheduler import SchedulerConfig, ServingScheduler
 
@@ -46,23 +46,32 @@ def pool_config(sizes, max_context_len: int, chunked_prefill_size: int = 8192,
 def arrivals(setup: ServeSetup, requests, load: Optional[float], rate_scale: Optional[float]):
     if rate_scale is not None:
         return arrivals_scaled(setup.timestamps, rate_scale)
-    return arrivals_for_load(setup.timestamps, requests, setup.time_model, load, setup.seed)
+    return arrivals_for_load(setup.timestamps, requests, setup.time_model, load, setup.seed,
+                             offered_batch(setup, requests), setup.pools.chunked_prefill_size)
+
+
+def offered_batch(setup: ServeSetup, requests) -> int:
+    """The decode batch ``--load`` counts with (``arrivals.decode_batch``)."""
+    return decode_batch(requests, setup.sched.max_running_requests, setup.pools.kv_tokens)
 
 
 def run_serving(name: str, requests, setup: ServeSetup, load=None, rate_scale=None,
-                progress: Optional[Callable] = None, after_step=None):
-    """One run; returns (summary dict, the scheduler with its records)."""
+                progress: Optional[Callable] = None, after_step=None, on_launch=None):
+    """One run; returns (summary dict, the scheduler with its records). ``after_step`` and
+    ``on_launch``: ``ServingScheduler``'s hooks (tests)."""
     cache, _, _ = make_cache(name, ABConfig(pools=setup.pools, spec=setup.spec,
                                             settings=setup.settings, unified=setup.unified))
     times = arrivals(setup, requests, load, rate_scale)
     sched = ServingScheduler(cache, setup.time_model, setup.sched, requests, times,
-                             after_step=after_step)
+                             after_step=after_step, on_launch=on_launch)
     t0 = time.perf_counter()
     sched.run(progress)
     summary = summarize(sched, setup.spec, name,
                         load if rate_scale is None else None, time.perf_counter() - t0)
     if rate_scale is not None:
         summary["rate_scale"] = rate_scale
+    else:
+        summary["offered_decode_batch"] = offered_batch(setup, requests)
     return summary, sched
 
 

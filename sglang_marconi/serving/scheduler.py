@@ -89,6 +89,7 @@ class RequestRecord:
     aborted: bool = False
     abort_reason: str = ""
     retractions: int = 0
+    backlog: int = 0                  # requests in the server when it arrived, itself included
 
 
 @dataclass
@@ -102,11 +103,14 @@ class StepRecord:
     state_slots_used: int  # Mamba pool slots in use after the step
     state_slots_tree: int  # of which the tree holds
     exposed_cpu_s: float = 0.0  # CPU time the GPU waited for before this step's forward
+    gpu_start: float = 0.0      # when its forward starts on the clock
 
 
 class ServingScheduler:
     def __init__(self, cache, time_model, cfg: SchedulerConfig, requests, arrivals,
-                 after_step=None):
+                 after_step=None, on_launch=None):
+        """``after_step(scheduler)`` runs after every step, ``on_launch(batch)`` when a
+        batch is launched (where the forward would run: tests write state markers)."""
         from sglang.srt.managers.schedule_batch import ScheduleBatch
         from sglang.srt.managers.schedule_policy import SchedulePolicy
         from sglang.srt.managers.scheduler_components.new_token_ratio_tracker import (
@@ -125,6 +129,10 @@ class ServingScheduler:
         self.gc = GCPauses()  # the replay heap's collections, apart from the cache's time
         self.timer = CacheTimer(cache, cfg.measure_bookkeeping, self.gc)
         self.after_step = after_step
+        self.on_launch = on_launch
+        # what the overlap loop did that the normal loop never does: requests left out of a
+        # batch as finishing in flight, queued results skipped (finished or retracted)
+        self.finishing_inflight = self.skipped_results = 0
         order = sorted(range(len(requests)), key=lambda i: (arrivals[i], i))
         self.pending = [(arrivals[i], requests[i]) for i in reversed(order)]  # a stack
         self.records: dict = {}
@@ -168,6 +176,8 @@ class ServingScheduler:
         self.now += sched_s
         gpu_s = self._run_batch(batch) if batch is not None else 0.0
         self.now += gpu_s
+        if batch is not None and self.on_launch is not None:
+            self.on_launch(batch)
         if batch is not None:
             self._process_batch_result(batch)
         elif self.waiting and self._idle(ignore_waiting=True):
@@ -177,7 +187,7 @@ class ServingScheduler:
         self.last_batch = batch
         # the CPU runs in series with the forward: all of it is exposed
         self._record_step(batch, start, gpu_s, sched_s + proc_s,
-                          0.0 if batch is None else sched_s + proc_s)
+                          0.0 if batch is None else sched_s + proc_s, start + sched_s)
 
     # event_loop_overlap (scheduler.py:2061-2134)
     def _step_overlap(self) -> None:
@@ -193,12 +203,16 @@ class ServingScheduler:
         # is_disable_overlap_for_batch (2136-2171): False (consecutive-prefill switch off,
         # no grammar, no speculative decoding): the queued result is processed after launch
         gpu_s = exposed = 0.0
+        gpu_start = self.now
         if batch is not None:                                # 2107-2111: launch, queue
             gpu_s = self._run_batch(batch)
             # the GPU starts batch k when the CPU launches it and batch k-1 is done; the
             # CPU time it waited for is exposed (first batch after idle, a drained result)
             exposed = max(0.0, self.now - max(self.gpu_free, woke))
-            self.gpu_free = max(self.now, self.gpu_free) + gpu_s
+            gpu_start = max(self.now, self.gpu_free)
+            self.gpu_free = gpu_start + gpu_s
+            if self.on_launch is not None:
+                self.on_launch(batch)
             self.result_queue.append((batch.copy(), self.gpu_free))
         if self.last_batch is not None:                      # 2116-2118: process k-1
             prev, ready = self.result_queue.popleft()
@@ -209,9 +223,9 @@ class ServingScheduler:
         proc_s = self.timer.take()
         self.now += proc_s
         self.last_batch = batch                              # 2127
-        self._record_step(batch, start, gpu_s, sched_s + proc_s, exposed)
+        self._record_step(batch, start, gpu_s, sched_s + proc_s, exposed, gpu_start)
 
-    def _record_step(self, batch, start, gpu_s, cache_s, exposed) -> None:
+    def _record_step(self, batch, start, gpu_s, cache_s, exposed, gpu_start) -> None:
         tree = self.cache.mamba_evictable_size() + self.cache.mamba_protected_size()
         used = self.mamba_allocator.size - self.mamba_allocator.available_size()
         kind = "idle" if batch is None else ("decode" if batch.forward_mode.is_decode()
@@ -219,7 +233,7 @@ class ServingScheduler:
         self.steps.append(StepRecord(kind, start, gpu_s, cache_s,
                                      0 if batch is None else batch.batch_size(),
                                      self.rtp.size - self.rtp.available_size(), used, tree,
-                                     exposed))
+                                     exposed, gpu_start))
         if self.after_step is not None:
             self.after_step(self)
 
@@ -251,7 +265,8 @@ class ServingScheduler:
             arrival = max(arrival, self.now) if self.cfg.clients is not None else arrival
             self.ingested += 1
             out = list(rr.output_ids) or [_output_token(rr.rid, 0)]
-            rec = RequestRecord(rr.rid, arrival, len(rr.input_ids), len(out))
+            rec = RequestRecord(rr.rid, arrival, len(rr.input_ids), len(out),
+                                backlog=self.in_flight)
             self.records[rr.rid] = rec
             self.outputs[rr.rid] = out
             params = sampling_params(rr, out)
@@ -397,6 +412,7 @@ class ServingScheduler:
     def _update_running_batch(self, batch):
         initial_bs = batch.batch_size()
         finishing = self._reqs_finishing_inflight(batch)    # 4463-4467
+        self.finishing_inflight += len(finishing)
         batch.filter_batch(reqs_to_exclude=finishing)
         if batch.is_empty():
             batch.batch_is_full = False
@@ -443,6 +459,7 @@ class ServingScheduler:
         for i, req in enumerate(batch.reqs):
             if decode:
                 if self.cfg.overlap and (req.finished() or req.is_retracted):
+                    self.skipped_results += 1
                     continue                                 # brp 1022-1027
             elif (req.finished() and req.inflight_middle_chunks <= 0) or req.is_retracted:
                 continue                                     # brp 343-349
