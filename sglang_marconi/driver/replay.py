@@ -51,6 +51,9 @@ class ReplayRequest:
     # finish on a stop token (the last output id, as an EOS) instead of by length: trace
     # requests finish by length (a benchmark client's max_new_tokens with ignore_eos)
     finish_by_stop: bool = False
+    # serve-sim: the client aborts this many seconds after the request arrives (SGLang's
+    # abort_request: waiting, chunked prefill or running, whatever it is doing then)
+    abort_after_s: Optional[float] = None
 
     @property
     def output_len(self) -> int:

@@ -49,8 +49,9 @@ overlap switch (``SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP``) is off, as by de
 """
 from __future__ import annotations
 
+import heapq
 import types
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import List, Optional
 from unittest import mock
@@ -133,6 +134,10 @@ class ServingScheduler:
         # what the overlap loop did that the normal loop never does: requests left out of a
         # batch as finishing in flight, queued results skipped (finished or retracted)
         self.finishing_inflight = self.skipped_results = 0
+        self.client_aborts: List = []       # heap of (time, rid) of the clients' aborts
+        self.live: dict = {}                # rid -> Req of requests not finished/aborted
+        self.pending_chunked_abort = None   # _pending_chunked_abort_req (scheduler.py 3778)
+        self.aborts_by_stage = Counter()    # the clients' aborts: waiting, chunked, running
         order = sorted(range(len(requests)), key=lambda i: (arrivals[i], i))
         self.pending = [(arrivals[i], requests[i]) for i in reversed(order)]  # a stack
         self.records: dict = {}
@@ -170,6 +175,7 @@ class ServingScheduler:
         self._ingest()                                       # ingest_requests
         if self._idle() and self.pending and not self.in_flight:
             self._wait_for_arrival()
+        self._client_aborts()
         start = self.now
         batch = self._get_next_batch_to_run()
         sched_s = self.timer.take()
@@ -196,6 +202,7 @@ class ServingScheduler:
         if self._idle() and self.pending and not self.in_flight:
             self._wait_for_arrival()
             woke = self.now
+        self._client_aborts()
         start = self.now
         batch = self._get_next_batch_to_run()                # 2086-2091
         sched_s = self.timer.take()
@@ -277,14 +284,67 @@ class ServingScheduler:
                 self.completed += 1
                 continue
             self.waiting.append(req)                         # _add_request_to_queue
+            self.live[rr.rid] = req
+            if rr.abort_after_s is not None:
+                heapq.heappush(self.client_aborts, (arrival + rr.abort_after_s, rr.rid))
 
     def _abort(self, req, why: str) -> None:
         rec = self.records[req.rid]
         rec.aborted, rec.abort_reason = True, why
         self.completed += 1
+        self.live.pop(req.rid, None)
+
+    # -- abort_request (scheduler.py:5675-5812, not disaggregated) ------------------------
+    def _client_aborts(self) -> None:
+        """The clients' aborts due by now, as ``AbortReq``s the scheduler receives."""
+        while self.client_aborts and self.client_aborts[0][0] <= self.now:
+            _, rid = heapq.heappop(self.client_aborts)
+            req = self.live.get(rid)
+            if req is not None:
+                self._abort_request(req)
+
+    def _abort_request(self, req) -> None:
+        from sglang.srt.mem_cache.common import release_kv_cache
+
+        if self.chunked_req is req:                          # 5676-5678
+            self.pending_chunked_abort = req
+            self.aborts_by_stage["chunked"] += 1
+        if any(r is req for r in self.waiting):              # 5685-5722: method 1
+            self.aborts_by_stage["waiting"] += 1
+            self.waiting = [r for r in self.waiting if r is not req]
+            if req.kv.holds_mamba:
+                release_kv_cache(req, self.cache, checkpoint=False)
+            self._abort(req, "client abort")
+            return
+        inflight = [self.running, self.last_batch]           # collect_inflight_reqs 5657-5673
+        if any(b is not None and any(r is req for r in b.reqs) for b in inflight):
+            if not req.finished():                           # 5797-5811: method 3
+                from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+                req.to_finish = FINISH_ABORT()
+                self.aborts_by_stage["running"] += self.chunked_req is not req
+
+    def _process_pending_chunked_abort(self) -> None:
+        """scheduler.py:3778-3822: the chunk already launched is drained by its result."""
+        from sglang.srt.mem_cache.common import release_kv_cache
+        from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+        req, self.pending_chunked_abort = self.pending_chunked_abort, None
+        if req is None:
+            return
+        if self.chunked_req is not req:                      # 3795-3805
+            if not (req.finished() or not req.kv.holds_kv):
+                self._abort_request(req)
+            return
+        req.finished_reason = FINISH_ABORT("Aborted")        # prepare_abort
+        req.to_finish = None
+        release_kv_cache(req, self.cache, checkpoint=False)
+        self.chunked_req = None
+        self._abort(req, "client abort")
 
     # -- get_next_batch_to_run (scheduler.py:3894-4012) ----------------------------------
     def _get_next_batch_to_run(self):
+        self._process_pending_chunked_abort()                # 3897
         exclude = []
         if self.chunked_req is not None:                     # 3911-3919
             exclude.append(self.chunked_req)
@@ -453,6 +513,7 @@ class ServingScheduler:
         """The cache's lines of ``process_batch_result_prefill`` (brp 281-450) and
         ``process_batch_result_decode`` (brp 952-1100) for a batch as it was launched (under
         overlap the queued ``batch.copy()``, processed one step later)."""
+        from sglang.srt.managers.schedule_batch import FINISH_ABORT
         from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
 
         decode = batch.forward_mode.is_decode()
@@ -477,8 +538,12 @@ class ServingScheduler:
                 rec.first_token = self.now
             if req.finished():                               # prefill 376-383, decode 1459
                 release_kv_cache(req, self.cache, checkpoint=True)
-                rec.finished = self.now
-                self.completed += 1
+                if isinstance(req.finished_reason, FINISH_ABORT):  # a client's abort
+                    self._abort(req, "client abort")
+                else:
+                    rec.finished = self.now
+                    self.completed += 1
+                    self.live.pop(req.rid, None)
             elif not decode:
                 checkpoint_kv_cache(req, self.cache)         # prefill 384-386
 
