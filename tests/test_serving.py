@@ -79,10 +79,7 @@ def test_concurrent_run_conserves_requests_and_slots(spec, requests, cache, memo
     if memory == "unified":  # one buffer: the same KV bytes plus room for 10 states
         from sglang_marconi.driver.unified_pools import UnifiedConfig
 
-        setup.unified = UnifiedConfig(
-            unified_bytes=4_096 * spec.kv_bytes_per_token + 10 * spec.ssm_state_bytes,
-            kv_bytes_per_token=spec.kv_bytes_per_token, state_bytes=spec.ssm_state_bytes,
-            mamba_slots=40)
+        setup.unified = UnifiedConfig.for_tokens(spec, 4_096, states=10, mamba_slots=40)
     checked = []
 
     def after_step(sched):

@@ -49,6 +49,13 @@ class UnifiedConfig:
         return cls(sizes.unified_bytes, sizes.kv_bytes_per_token, sizes.state_bytes,
                    sizes.mamba_slots)
 
+    @classmethod
+    def for_tokens(cls, spec, kv_tokens: int, states: int, mamba_slots: int) -> "UnifiedConfig":
+        """A buffer of ``kv_tokens`` KV tokens' bytes plus room for ``states`` states of
+        ``spec`` (tests), with ``mamba_slots`` slot ids."""
+        return cls(kv_tokens * spec.kv_bytes_per_token + states * spec.ssm_state_bytes,
+                   spec.kv_bytes_per_token, spec.ssm_state_bytes, mamba_slots)
+
     def scaled_state_bytes(self) -> int:
         return max(CONV_BYTES + 4, round(KV_ENTRY_BYTES * self.state_bytes
                                          / self.kv_bytes_per_token))
