@@ -293,3 +293,46 @@ def test_overlap_loop_invariants_with_retraction_and_aborts(spec, cache, memory)
     if memory == "static":  # decode ran out of KV: SGLang's retract_decode
         assert served["retractions"] > 0
     check_idle(sched.cache)                   # every KV and state slot is free or the tree's
+
+
+@pytest.mark.parametrize("cpu_s", [0.0005, 0.5])
+def test_time_under_each_loop(spec, cpu_s):
+    """With a fixed CPU time per scheduling and per result processing: the normal loop
+    pays it in series on every step; the overlap loop hides it under the forward when it
+    is short (few steps CPU-critical, a shorter makespan) and is CPU-bound when it is long
+    (every step critical, the makespan is the CPU's time: the forwards are hidden)."""
+    from sglang_marconi.harness.ab import ABConfig, make_cache
+    from sglang_marconi.serving.scheduler import ServingScheduler
+
+    reqs = family_requests(n=24, seed=2)
+    runs = {}
+    for overlap in (True, False):
+        setup = _setup(spec, reqs, kv=200_000, slots=200, running=8, overlap=overlap)
+        cache, _, _ = make_cache("stock", ABConfig(pools=setup.pools, spec=spec))
+        sched = ServingScheduler(cache, setup.time_model, setup.sched, reqs, [0.0] * len(reqs))
+        sched.timer.take = lambda: cpu_s
+        sched.run()
+        steps = [s for s in sched.steps if s.kind != "idle"]
+        runs[overlap] = (sum(s.exposed_cpu_s > 0 for s in steps) / len(steps), sched.now,
+                         sum(s.gpu_s for s in steps), len(sched.steps))
+    (crit_o, span_o, gpu_o, n_o), (crit_n, span_n, gpu_n, n_n) = runs[True], runs[False]
+    # the normal loop: every step (idle ones too) adds its CPU to the clock in series
+    assert crit_n == 1.0 and span_n == pytest.approx(gpu_n + 2 * cpu_s * n_n, rel=1e-6)
+    if cpu_s < 0.001:   # shorter than a forward step: hidden
+        assert crit_o < 0.2 and span_o < span_n
+    else:               # longer: CPU-bound, the clock is the CPU's, the forwards hidden
+        assert crit_o > 0.9 and span_o == pytest.approx(2 * cpu_s * n_o, rel=0.01)
+
+
+def test_backlog_growth_and_busy_window():
+    from types import SimpleNamespace as NS
+
+    from sglang_marconi.serving.metrics import backlog_growth, busy_in_window
+
+    stable = [NS(arrival=float(t), backlog=3 + t % 2) for t in range(100)]
+    piling = [NS(arrival=float(t), backlog=1 + t // 2) for t in range(100)]  # half stay
+    assert abs(backlog_growth(stable)) < 0.05
+    assert backlog_growth(piling) == pytest.approx(0.5, abs=0.02)
+    assert backlog_growth([NS(arrival=0.0, backlog=i) for i in range(10)]) == 0.0
+    steps = [NS(gpu_start=0.0, gpu_s=1.0), NS(gpu_start=2.0, gpu_s=2.0)]
+    assert busy_in_window(steps, 0.5, 3.0) == pytest.approx(1.5 / 2.5)
