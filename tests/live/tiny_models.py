@@ -47,8 +47,11 @@ CONFIGS = {
         "num_hidden_layers": 6, "hybrid_override_pattern": "M-*-M-",
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
         "attention_head_dim": 16, "mamba_num_heads": 4, "mamba_head_dim": 16,
-        "ssm_state_size": 16, "n_groups": 1, "conv_kernel": 4, "expand": 1,
-        "chunk_size": 64, "mlp_hidden_act": "relu2", "layer_norm_epsilon": 1e-5,
+        # SGLang's MambaMixer2 sizes in_proj from ``mamba_n_groups`` (default 8) while its
+        # state shape reads ``n_groups``; transformers reads either: give both, and the
+        # other mamba_* names SGLang reads, so both sides build the same layers
+        "ssm_state_size": 16, "n_groups": 1, "mamba_n_groups": 1, "conv_kernel": 4,
+        "mamba_d_conv": 4, "expand": 1, "mamba_expand": 1, "chunk_size": 64, "mlp_hidden_act": "relu2", "layer_norm_epsilon": 1e-5,
         "max_position_embeddings": 32768, "tie_word_embeddings": False,
         "bos_token_id": EOS_ID, "eos_token_id": EOS_ID, "pad_token_id": EOS_ID,
         "torch_dtype": "float32",
