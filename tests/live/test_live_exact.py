@@ -1,6 +1,7 @@
-"""Cached outputs equal uncached ones through SGLang's own Qwen3-Next code (live, CPU).
+"""Cached outputs equal uncached ones through SGLang's own Qwen3-Next and Nemotron-H
+code (live, CPU).
 
-One server per configuration (``exact_live``): the reference with ``--disable-radix-cache``
+For each model (one after the other), one server per configuration (``exact_live``): the reference with ``--disable-radix-cache``
 first, then stock / marconi / marconi+ under no_buffer (overlap off) and extra_buffer
 (overlap on), then the negative control; each gets the reference's inputs in order. A
 configuration passes when the scripted resumes really happened (``cached_tokens`` at the
@@ -19,14 +20,15 @@ from farm import ServerFarm
 from tiny_models import VOCAB
 
 
-def _start(model_path, cfg):
-    return ex.server_for(model_path, cfg).start()
+def _start(model_path, model, cfg):
+    return ex.server_for(model_path, cfg, model).start()
 
 
-@pytest.fixture(scope="module")
-def exact_farm(tmp_path_factory):
-    model = ex.write_model(tmp_path_factory.mktemp("exact-model"))
-    farm = ServerFarm([ex.REFERENCE, *ex.CONFIGS, ex.NEGATIVE], partial(_start, model))
+@pytest.fixture(scope="module", params=ex.MODELS)
+def exact_farm(request, tmp_path_factory):
+    model = request.param
+    path = ex.write_model(tmp_path_factory.mktemp(f"exact-{model}"), model)
+    farm = ServerFarm([ex.REFERENCE, *ex.CONFIGS, ex.NEGATIVE], partial(_start, path, model))
     yield farm
     farm.close()
 

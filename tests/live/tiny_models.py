@@ -97,10 +97,29 @@ def write_tiny_model(folder: Path, arch: str) -> Path:
     return folder
 
 
+# Mamba2 layers whose state is remembered over the live exactness stream's distances:
+# transformers' init (A = -1 .. -heads, dt ~ 0.01) forgets a state within ~100 tokens, so
+# a state resumed at 256 moved the logprobs of the 8 tokens generated 134 tokens later by
+# less than the tolerance (docs/exactness.md, "Live"). arch -> (|A| from, |A| to, dt_bias
+# shift): A_log spans log|A| evenly over the heads, dt_bias moves dt to about 0.08.
+SLOW_SSM_DECAY = {"nemotron_h": (0.004, 0.02, 2.0)}
+
+
+def _slow_ssm_decay(model, a_from: float, a_to: float, dt_shift: float) -> None:
+    import torch  # heavy: only the real-forward tests write weights
+
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("mixer.A_log"):
+                param.copy_(torch.linspace(a_from, a_to, param.numel()).log())
+            elif name.endswith("mixer.dt_bias"):
+                param.add_(dt_shift)
+
+
 def write_tiny_weights(folder: Path, arch: str, seed: int = 0, std: float = 0.1) -> Path:
     """Seeded random fp32 weights for ``arch`` in ``folder`` (``model.safetensors``, HF
     names): transformers' own model class initialised with ``initializer_range=std``
-    (norms, ``A_log`` and ``dt_bias`` by its own rules). SGLang's dummy loader draws
+    (norms, ``A_log`` and ``dt_bias`` by its own rules, then ``SLOW_SSM_DECAY``). SGLang's dummy loader draws
     U(-1e-3, 1e-3): every logprob is then about -ln V and a wrong state moves nothing;
     at 0.02 the GDN states are so small that a 1% state error stays below 1e-6 in the
     logits (docs/exactness.md), hence 0.1."""
@@ -112,6 +131,8 @@ def write_tiny_weights(folder: Path, arch: str, seed: int = 0, std: float = 0.1)
     config.initializer_range = std
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if arch in SLOW_SSM_DECAY:
+        _slow_ssm_decay(model, *SLOW_SSM_DECAY[arch])
     model.save_pretrained(folder, safe_serialization=True)
     (folder / "config.json").write_text(json.dumps(CONFIGS[arch], indent=1))
     return folder
