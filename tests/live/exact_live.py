@@ -15,6 +15,7 @@ Used by ``test_live_exact.py`` and ``python -m sglang_marconi verify-exact --liv
 """
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,11 @@ PERTURB = 1.0             # the negative control doubles every copied SSM state
 EXACT_ENV = {"SGLANG_MAMBA_CONV_DTYPE": "float32"}
 REFERENCE = ("reference", "no-radix")
 CONFIGS = [(buffer, policy) for buffer in BUFFERS for policy in POLICIES]
+# ``make test`` runs Nemotron-H on these two (both buffers, both Marconi policies: 4
+# servers with the reference and the negative control, its time budget);
+# MARCONI_LIVE_EXACT=full runs all six there too (verify-exact --live always does)
+QUICK_CONFIGS = {"nemotron_h": [("no_buffer", "marconi"), ("extra_buffer", "marconi+")]}
+FULL_ENV = "MARCONI_LIVE_EXACT"
 NEGATIVE = ("no_buffer", "stock-perturbed")
 NEGATIVE_STEPS = 5        # shared-1 .. turn-2: chunk, branch and end-state hits
 
@@ -58,6 +64,15 @@ class Step:
 
 def config_id(cfg) -> str:
     return "-".join(cfg)
+
+
+def checked_configs(model: str) -> list:
+    """The configurations the pytest run checks for ``model`` (``QUICK_CONFIGS`` unless
+    ``MARCONI_LIVE_EXACT=full``)."""
+    mode = os.environ.get(FULL_ENV, "")
+    if mode not in ("", "full"):
+        raise ValueError(f"{FULL_ENV}={mode!r}: expected 'full' or unset")
+    return CONFIGS if mode == "full" else QUICK_CONFIGS.get(model, CONFIGS)
 
 
 def server_for(model_path: Path, cfg, model: str = "qwen3_next") -> LiveServer:
