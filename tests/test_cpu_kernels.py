@@ -6,9 +6,10 @@ References: a naive per-token gated delta rule written here (SGLang's state layo
 ``[HV, V, K]``), ``F.conv1d`` over the whole sequence for the causal conv, the closed form
 of the gates; for Mamba2, mamba-ssm's chunked ``ssd_minimal_discrete`` and
 ``selective_state_update_ref`` and causal-conv1d's ``causal_conv1d_ref`` /
-``causal_conv1d_update_ref`` (loaded from their files, ``sglang_marconi.exact.ssd_reference``). Every op is also checked on packed batches with slot indirection and in
-split-and-resume form (the state written by one call, read by the next, equals one pass),
-which is what a prefix-cache hit does.
+``causal_conv1d_update_ref`` (loaded from their files,
+``sglang_marconi.exact.ssd_reference``). Every op is also checked on packed batches with
+slot indirection and in split-and-resume form (the state written by one call, read by
+the next, equals one pass), which is what a prefix-cache hit does.
 """
 from __future__ import annotations
 

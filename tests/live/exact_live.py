@@ -4,10 +4,10 @@ A tiny Qwen3-Next and a tiny Nemotron-H with seeded random fp32 weights
 (``tiny_models.write_tiny_weights``) are served with the real forward
 (``MARCONI_CPU_TESTKIT_FORWARD=real``: SGLang's model, GDN / Mamba2 backend, torch_native
 attention, pools and COW copies; torch versions of the ``sgl_kernel`` ops and of the
-Mamba2 Triton kernels). For each model, a scripted stream (``build_stream``) runs first on a server with
-``--disable-radix-cache``; its inputs (continuations carry that server's outputs) are
-then sent, in the same order, to stock, marconi and marconi+ servers under no_buffer
-(overlap off) and extra_buffer (overlap on). The order makes them resume from branch,
+Mamba2 Triton kernels). For each model, a scripted stream (``build_stream``) runs first
+on a server with ``--disable-radix-cache``; its inputs (continuations carry that server's
+outputs) are then sent, in the same order, to stock, marconi and marconi+ servers under
+no_buffer (overlap off) and extra_buffer (overlap on). The order makes them resume from branch,
 chunk, decode-track and end-of-request states, forks, and after evictions under tight
 pools. ``compare`` checks greedy tokens and logprobs position by position.
 

@@ -25,8 +25,8 @@ starts (``marconi_cpu_testkit-0.1.dist-info`` beside this folder: the folder is 
    on torch versions of the ``sgl_kernel`` GDN ops and of the few Triton kernels a CPU
    without AMX reaches (``torch_kernels.py``), and of the Mamba2 mixer's causal conv and
    scans (``mamba2_kernels.py``: Triton kernels, or names SGLang binds on GPUs only);
-   ``MARCONI_CPU_TESTKIT_PERTURB_STATE=x`` scales every state ``MambaPool.copy_from`` copies by ``1 + x`` (the exactness tests'
-   negative control).
+   ``MARCONI_CPU_TESTKIT_PERTURB_STATE=x`` scales every state ``MambaPool.copy_from``
+   copies by ``1 + x`` (the exactness tests' negative control).
 5. torch here is a CUDA build without a driver: ``torch.get_device_module()`` with no
    argument answers ``torch.cpu`` and ``Tensor.pin_memory()`` returns the tensor
    (``models/qwen3_next.py``, ``managers/schedule_batch.py`` extra_buffer track mask);
