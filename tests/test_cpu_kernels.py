@@ -1,11 +1,15 @@
 """The torch versions of SGLang's ``sgl_kernel`` GDN CPU ops (tests/live/cpu_shims/
-marconi_cpu_testkit/torch_kernels.py) against independent references, fp32, random inputs.
+marconi_cpu_testkit/torch_kernels.py) and of the Mamba2 mixer's Triton kernels
+(``mamba2_kernels.py``) against independent references, fp32, random inputs.
 
 References: a naive per-token gated delta rule written here (SGLang's state layout
 ``[HV, V, K]``), ``F.conv1d`` over the whole sequence for the causal conv, the closed form
-of the gates. Every op is also checked on packed batches with slot indirection and in
-split-and-resume form (the state written by one call, read by the next, equals one pass),
-which is what a prefix-cache hit does.
+of the gates; for Mamba2, mamba-ssm's chunked ``ssd_minimal_discrete`` and
+``selective_state_update_ref`` and causal-conv1d's ``causal_conv1d_ref`` /
+``causal_conv1d_update_ref`` (loaded from their files,
+``sglang_marconi.exact.ssd_reference``). Every op is also checked on packed batches with
+slot indirection and in split-and-resume form (the state written by one call, read by
+the next, equals one pass), which is what a prefix-cache hit does.
 """
 from __future__ import annotations
 
@@ -22,7 +26,10 @@ SHIMS = Path(__file__).resolve().parent / "live" / "cpu_shims"
 if str(SHIMS) not in sys.path:
     sys.path.insert(0, str(SHIMS))
 
+from marconi_cpu_testkit import mamba2_kernels as m2  # noqa: E402
 from marconi_cpu_testkit import torch_kernels as tk  # noqa: E402
+
+from sglang_marconi.exact import ssd_reference as ssd_reference_module  # noqa: E402
 
 H, HV, K, V = 2, 4, 16, 8          # q/k heads, value heads, key dim, value dim
 DIM, WIDTH = 24, 4                  # conv channels, conv kernel width
@@ -260,3 +267,160 @@ def test_gated_rmsnorm_and_shared_expert_gate():
     expected = final + torch.sigmoid(h @ w)[:, None] * shared
     tk.fused_gate_sigmoid_mul_add(h, w, shared, final)
     torch.testing.assert_close(final, expected, **TOL)
+
+
+# --- Mamba2 (Nemotron-H): marconi_cpu_testkit/mamba2_kernels.py vs mamba-ssm's and
+# causal-conv1d's pure-PyTorch references (ssd_minimal_discrete, selective_state_update_ref,
+# causal_conv1d_ref / causal_conv1d_update_ref) ---------------------------------------------
+MH, MP, MN, MG = 4, 8, 16, 2       # Mamba2 heads, head dim, state size, groups
+SSD_CHUNK = 16                      # chunk of the packed h grid in these tests
+
+
+def _mamba_inputs(n: int, seed: int):
+    gen = _gen(seed)
+    return dict(x=torch.randn(1, n, MH, MP, generator=gen),
+                dt=torch.randn(1, n, MH, generator=gen),
+                A=-torch.rand(MH, generator=gen) * 2 - 0.1,
+                B=torch.randn(1, n, MG, MN, generator=gen),
+                C=torch.randn(1, n, MG, MN, generator=gen),
+                D=torch.randn(MH, generator=gen),
+                dt_bias=torch.randn(MH, generator=gen) * 0.5)
+
+
+def ssd_reference(inp: dict, s0: int, s1: int, init):
+    """mamba-ssm's ``ssd_minimal_discrete`` over tokens [s0, s1) from state ``init``
+    ``[H, P, N]`` (or None): (y ``[s1 - s0, H, P]`` with the D skip, final state)."""
+    ssd = ssd_reference_module.load_ssd_minimal()
+    dt = F.softplus(inp["dt"][:, s0:s1] + inp["dt_bias"])
+    x = inp["x"][:, s0:s1]
+    B = inp["B"][:, s0:s1].repeat_interleave(MH // MG, dim=2)
+    C = inp["C"][:, s0:s1].repeat_interleave(MH // MG, dim=2)
+    parts = [x * dt[..., None], inp["A"] * dt, B, C]
+    pad = (-(s1 - s0)) % 8
+    parts = [F.pad(t, (0, 0) * (t.dim() - 2) + (0, pad)) for t in parts]
+    y, final = ssd(*parts, 8, initial_states=None if init is None else init[None, None])
+    return y[0, :s1 - s0] + x[0] * inp["D"][:, None], final[0]
+
+
+def _scan(inp: dict, cu: list, init=None, track=None, out=None):
+    return m2.mamba_chunk_scan_combined(
+        inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], SSD_CHUNK, D=inp["D"],
+        dt_bias=inp["dt_bias"], initial_states=init,
+        cu_seqlens=torch.tensor(cu, dtype=torch.int32), dt_softplus=True,
+        out=out if out is not None else torch.empty(inp["x"].shape),
+        return_varlen_states=True, return_track_states=True,
+        track_seq_idx=None if track is None else torch.tensor([t[0] for t in track]),
+        track_end_locs=None if track is None else torch.tensor([t[1] for t in track]),
+        state_dtype=torch.float32)
+
+
+def test_mamba2_scan_matches_ssd_minimal_on_packed_sequences():
+    """Four packed sequences (lengths 21, 11, 29, 7: the second ends exactly on the chunk
+    grid at 32, the others start and end off it), three with initial states: output,
+    final states, ``h`` at every packed chunk boundary (Triton layout: the state of the
+    sequence holding the token before it) and the tracked states at off-grid end
+    positions all equal mamba-ssm's chunked reference."""
+    cu = [0, 21, 32, 61, 68]
+    inp = _mamba_inputs(cu[-1], 20)
+    init = torch.randn(4, MH, MP, MN, generator=_gen(21)) * 0.5
+    init[2] = 0  # the mixer zeroes the initial state of a sequence without one
+    out = torch.empty(inp["x"].shape)
+    track = [(2, 32 + 19), (3, 61 + 5), (0, 13)]
+    h, finals, tracked = _scan(inp, cu, init, track, out)
+    assert h.shape == (1, 5, MH, MP, MN) and finals.shape == (4, MH, MP, MN)
+    assert tracked.shape == (1, 3, MH, MP, MN)
+    for n, (s0, s1) in enumerate(zip(cu[:-1], cu[1:])):
+        ref_y, ref_final = ssd_reference(inp, s0, s1, init[n])
+        torch.testing.assert_close(out[0, s0:s1], ref_y, **TOL)
+        torch.testing.assert_close(finals[n], ref_final, **TOL)
+    torch.testing.assert_close(h[0, 0], init[0])
+    for c, (n, s0) in {1: (0, 0), 2: (1, 21), 3: (2, 32), 4: (3, 61)}.items():
+        torch.testing.assert_close(h[0, c], ssd_reference(inp, s0, 16 * c, init[n])[1], **TOL)
+    for j, (n, end) in enumerate(track):
+        torch.testing.assert_close(tracked[0, j], ssd_reference(inp, cu[n], end, init[n])[1],
+                                   **TOL)
+
+
+def test_mamba2_split_prefill_then_decode_equals_one_pass():
+    """A prefix-cache hit in miniature: prefill 0..29 on a pool slot, resume 29..50 from
+    that slot's state (as the mixer passes it), then four decode steps with
+    ``selective_state_update`` = one reference pass over all 54 tokens."""
+    n, pool = 54, torch.zeros(3, MH, MP, MN)
+    inp = _mamba_inputs(n, 22)
+    outs = []
+    for s0, s1 in ((0, 29), (29, 50)):
+        part = {k: (v[:, s0:s1] if v.dim() > 1 and v.shape[1] == n else v)
+                for k, v in inp.items()}
+        out = torch.empty(part["x"].shape)
+        _, finals, _ = _scan(part, [0, s1 - s0], init=pool[[2]], out=out)
+        pool[2] = finals[0]
+        outs.append(out[0])
+    ssu = _decode_args(inp, range(50, 54))
+    for step in range(4):
+        y = torch.empty(1, MH, MP)
+        m2.selective_state_update(pool, **{k: v[step:step + 1] for k, v in ssu.items()},
+                                  A=ssu_A(inp), D=inp["D"][:, None].expand(-1, MP),
+                                  dt_bias=inp["dt_bias"][:, None].expand(-1, MP),
+                                  dt_softplus=True, state_batch_indices=torch.tensor([2]),
+                                  out=y)
+        outs.append(y)
+    ref_y, ref_final = ssd_reference(inp, 0, n, None)
+    torch.testing.assert_close(torch.cat(outs), ref_y, **TOL)
+    torch.testing.assert_close(pool[2], ref_final, **TOL)
+
+
+def ssu_A(inp: dict) -> torch.Tensor:
+    """A as the mixer passes it to the decode step: ``[H, P, N]``."""
+    return inp["A"][:, None, None].expand(-1, MP, MN)
+
+
+def _decode_args(inp: dict, tokens) -> dict:
+    """x, dt, B, C of ``tokens`` as decode rows (dt expanded over the head dim)."""
+    t = list(tokens)
+    return dict(x=inp["x"][0, t], dt=inp["dt"][0, t][..., None].expand(-1, -1, MP),
+                B=inp["B"][0, t], C=inp["C"][0, t])
+
+
+def test_mamba2_decode_matches_selective_state_update_ref_and_skips_padded_rows():
+    ref = ssd_reference_module.load_selective_state_update_ref()
+    inp = _mamba_inputs(3, 23)
+    pool = torch.randn(5, MH, MP, MN, generator=_gen(24))
+    before = pool.clone()
+    slots = torch.tensor([4, -1, 1])
+    args = _decode_args(inp, range(3))
+    kw = dict(A=ssu_A(inp), D=inp["D"][:, None].expand(-1, MP),
+              dt_bias=inp["dt_bias"][:, None].expand(-1, MP), dt_softplus=True)
+    out = torch.empty(3, MH, MP)
+    m2.selective_state_update(pool, **args, **kw, state_batch_indices=slots, out=out)
+    for row, slot in ((0, 4), (2, 1)):
+        state = before[slot][None].clone()
+        expect = ref(state, **{k: v[row:row + 1] for k, v in args.items()}, **kw)
+        torch.testing.assert_close(out[row], expect[0], **TOL)
+        torch.testing.assert_close(pool[slot], state[0], **TOL)
+    assert torch.equal(pool[[0, 2, 3]], before[[0, 2, 3]])
+
+
+def test_causal_conv_matches_causal_conv1d_references():
+    """The packed prefill conv and the decode update (what the Mamba2 mixer's
+    ``causal_conv1d_fn(_triton)`` / ``causal_conv1d_update(_triton)`` are bound to) against
+    causal-conv1d's ``causal_conv1d_ref`` (initial and final states) and
+    ``causal_conv1d_update_ref``."""
+    conv_ref, update_ref = ssd_reference_module.load_causal_conv1d_refs()
+    bound = m2.MODULE_BINDINGS[m2._MIXER]
+    x, weight, bias = _conv_inputs(13, 25)
+    states = torch.randn(4, DIM, WIDTH - 1, generator=_gen(26))
+    init = states[3].clone()
+    out = bound["causal_conv1d_fn_triton"](
+        x, weight, bias, conv_states=states, query_start_loc=torch.tensor([0, 13]),
+        seq_lens_cpu=[13], cache_indices=torch.tensor([3]),
+        has_initial_state=torch.tensor([True]), activation="silu")
+    ref_out, ref_final = conv_ref(x[None], weight, bias, initial_states=init[None],
+                                  return_final_states=True, activation="silu")
+    torch.testing.assert_close(out, ref_out[0], **TOL)
+    torch.testing.assert_close(states[3], ref_final[0], **TOL)
+    step = torch.randn(2, DIM, generator=_gen(27))
+    ref_states = states[[3, 0]].clone()
+    got = bound["causal_conv1d_update_triton"](step, states, weight, bias, "silu",
+                                               conv_state_indices=torch.tensor([3, 0]))
+    torch.testing.assert_close(got, update_ref(step, ref_states, weight, bias, "silu"), **TOL)
+    torch.testing.assert_close(states[[3, 0]], ref_states, **TOL)

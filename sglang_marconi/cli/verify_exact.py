@@ -3,10 +3,11 @@
     python -m sglang_marconi verify-exact --arch bamba [--seed 0] [--json]
     python -m sglang_marconi verify-exact --arch all
     python -m sglang_marconi verify-exact --list
-    python -m sglang_marconi verify-exact --live [--seed 0] [--json]
+    python -m sglang_marconi verify-exact --live [--live-model nemotron_h] [--seed 0] [--json]
 
-``--live`` runs SGLang's own Qwen3-Next code in live CPU servers (a source checkout's
-tests/live harness, docs/exactness.md "Live"): cached vs uncached outputs per scenario.
+``--live`` runs SGLang's own Qwen3-Next and Nemotron-H code in live CPU servers (a source
+checkout's tests/live harness, docs/exactness.md "Live"): cached vs uncached outputs per
+scenario; ``--live-model NAME`` runs one of the two.
 
 Exit status: 0 all PASS, 1 a FAIL, 2 bad input (unknown arch).
 """
@@ -21,6 +22,8 @@ from pathlib import Path
 from sglang_marconi.errors import UserError
 
 LIVE_HARNESS = Path(__file__).resolve().parents[2] / "tests" / "live"
+LIVE_TITLES = {"qwen3_next": "tiny Qwen3-Next (3 GDN + 1 gated attention layer, MoE)",
+               "nemotron_h": "tiny Nemotron-H (2 Mamba2 + 1 attention + 3 MLP layers)"}
 
 
 def add_arguments(parser) -> None:
@@ -30,9 +33,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", action="store_true", help="print the full results as JSON")
     parser.add_argument("--list", action="store_true", help="list the architectures and exit")
     parser.add_argument("--live", action="store_true",
-                        help="SGLang's own Qwen3-Next code in live CPU servers: stock, marconi "
+                        help="SGLang's own Qwen3-Next and Nemotron-H code in live CPU "
+                             "servers: stock, marconi "
                              "and marconi+ (no_buffer, extra_buffer) against a server with "
                              "the radix cache off, plus the negative control (minutes)")
+    parser.add_argument("--live-model", choices=sorted(LIVE_TITLES),
+                        help="with --live: only this model (default: both)")
     g = parser.add_argument_group("controls (each should make the check FAIL)")
     g.add_argument("--ssm-offset", type=int, default=0, metavar="N",
                    help="negative control: take branch-point SSM states N tokens off")
@@ -117,7 +123,9 @@ def run_live(args) -> int:
 
     log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
     with tempfile.TemporaryDirectory(prefix="verify-exact-live-") as root:
-        result = exact_live.run_all(Path(root), seed=args.seed, log=log)
+        result = exact_live.run_all(Path(root), seed=args.seed, log=log,
+                                    models=[args.live_model] if args.live_model
+                                    else exact_live.MODELS)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -126,17 +134,19 @@ def run_live(args) -> int:
 
 
 def print_live(result: dict, exact_live) -> None:
-    print(f"verify-exact --live: tiny Qwen3-Next, fp32, seeded weights (seed {result['seed']}); "
+    print(f"verify-exact --live: fp32, seeded weights (seed {result['seed']}); "
           f"max |logprob - uncached| / |uncached| per scenario and configuration "
           f"(tolerance {result['rel_tol']:.0e}), cached_tokens of its requests")
-    for line in exact_live.scenario_table(result):
-        print(line)
-    for cfg, res in result["configs"].items():
-        for p in res["problems"]:
-            print(f"FAIL {cfg}: {p}")
-    neg = result["negative_control"]
-    print(f"negative control (every copied SSM state scaled by {1 + neg['perturb']:g}, stock "
-          f"no_buffer): max rel diff of resumed requests {neg['max_rel_resumed']:.2e} = "
-          f"{neg['max_rel_resumed'] / result['rel_tol']:.0f}x the tolerance "
-          f"({'breaks it' if neg['breaks_tolerance'] else 'DOES NOT break it'})")
+    for model, res in result["models"].items():
+        print(f"\n{LIVE_TITLES.get(model, model)}")
+        for line in exact_live.scenario_table(res):
+            print(line)
+        for cfg, cfg_res in res["configs"].items():
+            for p in cfg_res["problems"]:
+                print(f"FAIL {model} {cfg}: {p}")
+        neg = res["negative_control"]
+        print(f"negative control (every copied SSM state scaled by {1 + neg['perturb']:g}, "
+              f"stock no_buffer): max rel diff of resumed requests "
+              f"{neg['max_rel_resumed']:.2e} = {neg['max_rel_resumed'] / result['rel_tol']:.0f}x "
+              f"the tolerance ({'breaks it' if neg['breaks_tolerance'] else 'DOES NOT break it'})")
     print("PASS" if result["passed"] else "FAIL")

@@ -12,7 +12,10 @@ the CUDA extension ``selective_scan_cuda``), and ``mamba_ssm/modules/ssd_minimal
 ``mamba_ssm.ops.triton.ssd_combined`` at its top (unused by ``ssd_minimal_discrete``). We load
 that one file with importlib under a private name while stub modules stand in for those
 imports, then remove the stubs again: transformers probes ``import mamba_ssm`` to choose its
-kernels, and must keep seeing it as absent.
+kernels, and must keep seeing it as absent. The same loader serves mamba-ssm's
+``selective_state_update_ref`` and causal-conv1d's ``causal_conv1d_ref`` /
+``causal_conv1d_update_ref`` (their files import the CUDA extensions likewise), which check
+the live CPU server's torch Mamba2 kernels (``tests/test_cpu_kernels.py``).
 """
 from __future__ import annotations
 
@@ -26,25 +29,45 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-_STUBBED = ("mamba_ssm", "mamba_ssm.ops", "mamba_ssm.ops.triton",
-            "mamba_ssm.ops.triton.ssd_combined")
+# package file -> (the modules it imports that are stubbed while it loads: {name: attrs})
+_REFERENCE_FILES = {
+    ("mamba_ssm", "modules/ssd_minimal.py"): {
+        "mamba_ssm.ops.triton.ssd_combined": ("mamba_chunk_scan_combined",)},
+    ("mamba_ssm", "ops/triton/selective_state_update.py"): {
+        "mamba_ssm.ops.triton.softplus": ("softplus",)},
+    ("causal_conv1d", "causal_conv1d_interface.py"): {
+        "causal_conv1d.cpp_functions": ("causal_conv1d_fwd_function",
+                                        "causal_conv1d_bwd_function",
+                                        "causal_conv1d_update_function")},
+}
 
 
-@lru_cache(maxsize=1)
-def load_ssd_minimal():
-    """mamba-ssm's ``ssd_minimal_discrete``, loaded from its file (see module docstring)."""
-    spec = importlib.util.find_spec("mamba_ssm")  # locates the package without importing it
+def _parents(name: str) -> list:
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
+@lru_cache(maxsize=None)
+def _load_reference_file(package: str, relative: str):
+    """One file of ``package`` loaded under a private name, with stub modules standing in
+    for the CUDA-only modules it imports (its package ``__init__`` included), then removed
+    again (see module docstring)."""
+    spec = importlib.util.find_spec(package)  # locates the package without importing it
     if spec is None or not spec.submodule_search_locations:
-        raise ImportError("mamba-ssm is not installed (see requirements/no-deps.txt)")
-    path = f"{list(spec.submodule_search_locations)[0]}/modules/ssd_minimal.py"
-    saved = {name: sys.modules.get(name) for name in _STUBBED}
+        raise ImportError(f"{package} is not installed (see requirements/no-deps.txt)")
+    stubs = _REFERENCE_FILES[(package, relative)]
+    names = sorted({p for stubbed in stubs for p in _parents(stubbed)})
+    saved = {name: sys.modules.get(name) for name in names}
     try:
-        for name in _STUBBED:
+        for name in names:
             stub = types.ModuleType(name)
             stub.__path__ = []  # a package, so the dotted import resolves
+            for attr in stubs.get(name, ()):
+                setattr(stub, attr, None)  # imported, never called by the references
             sys.modules[name] = stub
-        sys.modules[_STUBBED[-1]].mamba_chunk_scan_combined = None  # the unused import
-        file_spec = importlib.util.spec_from_file_location("_marconi_ssd_minimal", path)
+        path = f"{list(spec.submodule_search_locations)[0]}/{relative}"
+        private = "_marconi_ref_" + relative.replace("/", "_").removesuffix(".py")
+        file_spec = importlib.util.spec_from_file_location(private, path)
         module = importlib.util.module_from_spec(file_spec)
         file_spec.loader.exec_module(module)
     finally:
@@ -53,7 +76,24 @@ def load_ssd_minimal():
                 sys.modules.pop(name, None)
             else:
                 sys.modules[name] = old
-    return module.ssd_minimal_discrete
+    return module
+
+
+def load_ssd_minimal():
+    """mamba-ssm's ``ssd_minimal_discrete``, loaded from its file (see module docstring)."""
+    return _load_reference_file("mamba_ssm", "modules/ssd_minimal.py").ssd_minimal_discrete
+
+
+def load_selective_state_update_ref():
+    """mamba-ssm's ``selective_state_update_ref`` (one recurrent step, pure PyTorch)."""
+    return _load_reference_file(
+        "mamba_ssm", "ops/triton/selective_state_update.py").selective_state_update_ref
+
+
+def load_causal_conv1d_refs():
+    """causal-conv1d's ``causal_conv1d_ref`` and ``causal_conv1d_update_ref``."""
+    module = _load_reference_file("causal_conv1d", "causal_conv1d_interface.py")
+    return module.causal_conv1d_ref, module.causal_conv1d_update_ref
 
 
 @contextlib.contextmanager

@@ -1,12 +1,13 @@
 """Exact outputs through SGLang's own model code: cached vs uncached, on live CPU servers.
 
-A tiny Qwen3-Next with seeded random fp32 weights (``tiny_models.write_tiny_weights``)
-is served with the real forward (``MARCONI_CPU_TESTKIT_FORWARD=real``: SGLang's model,
-GDN backend, torch_native attention, pools and COW copies; torch versions of the
-``sgl_kernel`` ops). A scripted stream (``build_stream``) runs first on a server with
-``--disable-radix-cache``; its inputs (continuations carry that server's outputs) are
-then sent, in the same order, to stock, marconi and marconi+ servers under no_buffer
-(overlap off) and extra_buffer (overlap on). The order makes them resume from branch,
+A tiny Qwen3-Next and a tiny Nemotron-H with seeded random fp32 weights
+(``tiny_models.write_tiny_weights``) are served with the real forward
+(``MARCONI_CPU_TESTKIT_FORWARD=real``: SGLang's model, GDN / Mamba2 backend, torch_native
+attention, pools and COW copies; torch versions of the ``sgl_kernel`` ops and of the
+Mamba2 Triton kernels). For each model, a scripted stream (``build_stream``) runs first
+on a server with ``--disable-radix-cache``; its inputs (continuations carry that server's
+outputs) are then sent, in the same order, to stock, marconi and marconi+ servers under
+no_buffer (overlap off) and extra_buffer (overlap on). The order makes them resume from branch,
 chunk, decode-track and end-of-request states, forks, and after evictions under tight
 pools. ``compare`` checks greedy tokens and logprobs position by position.
 
@@ -14,6 +15,7 @@ Used by ``test_live_exact.py`` and ``python -m sglang_marconi verify-exact --liv
 """
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,13 +23,14 @@ from pathlib import Path
 import requests
 
 from farm import ServerFarm
+from live_configs import page_size
 from server import BUFFERS, POLICIES, LiveServer
 from tiny_models import write_tiny_weights
 
-MODEL = "qwen3_next"
+MODELS = ("qwen3_next", "nemotron_h")
 CHUNKED_PREFILL = 256
 TRACK_INTERVAL = 128
-GRID = 64                 # checkpoint grid (the GDN chunk)
+GRID = 64                 # checkpoint grid (the GDN chunk; Nemotron-H's mamba chunk_size)
 KV_TOKENS = 2048          # tight: the fillers make both pools evict
 MAMBA_SLOTS = 16
 MAX_RUNNING = 2
@@ -39,6 +42,11 @@ PERTURB = 1.0             # the negative control doubles every copied SSM state
 EXACT_ENV = {"SGLANG_MAMBA_CONV_DTYPE": "float32"}
 REFERENCE = ("reference", "no-radix")
 CONFIGS = [(buffer, policy) for buffer in BUFFERS for policy in POLICIES]
+# ``make test`` runs Nemotron-H on these two (both buffers, both Marconi policies: 4
+# servers with the reference and the negative control, its time budget);
+# MARCONI_LIVE_EXACT=full runs all six there too (verify-exact --live always does)
+QUICK_CONFIGS = {"nemotron_h": [("no_buffer", "marconi"), ("extra_buffer", "marconi+")]}
+FULL_ENV = "MARCONI_LIVE_EXACT"
 NEGATIVE = ("no_buffer", "stock-perturbed")
 NEGATIVE_STEPS = 5        # shared-1 .. turn-2: chunk, branch and end-state hits
 
@@ -58,8 +66,19 @@ def config_id(cfg) -> str:
     return "-".join(cfg)
 
 
-def server_for(model_path: Path, cfg) -> LiveServer:
-    """An unstarted server for ``cfg`` (``REFERENCE``, ``NEGATIVE`` or a CONFIGS entry)."""
+def checked_configs(model: str) -> list:
+    """The configurations the pytest run checks for ``model`` (``QUICK_CONFIGS`` unless
+    ``MARCONI_LIVE_EXACT=full``)."""
+    mode = os.environ.get(FULL_ENV, "")
+    if mode not in ("", "full"):
+        raise ValueError(f"{FULL_ENV}={mode!r}: expected 'full' or unset")
+    return CONFIGS if mode == "full" else QUICK_CONFIGS.get(model, CONFIGS)
+
+
+def server_for(model_path: Path, cfg, model: str = "qwen3_next") -> LiveServer:
+    """An unstarted server of ``model`` for ``cfg`` (``REFERENCE``, ``NEGATIVE`` or a
+    CONFIGS entry); pages as in the live farm (``live_configs.page_size``: 16 for
+    Nemotron-H's extra_buffer, else 1)."""
     buffer, policy = cfg
     env = dict(EXACT_ENV)
     if cfg == REFERENCE:
@@ -70,14 +89,15 @@ def server_for(model_path: Path, cfg) -> LiveServer:
     else:
         flags = [*POLICIES[policy], *BUFFERS[buffer]]
     flags += ["--chunked-prefill-size", str(CHUNKED_PREFILL), "--mamba-track-interval",
-              str(TRACK_INTERVAL), "--page-size", "1", "--dtype", "float32"]
+              str(TRACK_INTERVAL), "--page-size", str(page_size(model, buffer)),
+              "--dtype", "float32"]
     return LiveServer(model_path, flags, max_total_tokens=KV_TOKENS, mamba_slots=MAMBA_SLOTS,
                       max_running=MAX_RUNNING, forward="real", load_format="safetensors",
                       extra_env=env)
 
 
-def write_model(root: Path, seed: int = 0) -> Path:
-    return write_tiny_weights(Path(root) / MODEL, MODEL, seed=seed)
+def write_model(root: Path, model: str = "qwen3_next", seed: int = 0) -> Path:
+    return write_tiny_weights(Path(root) / model, model, seed=seed)
 
 
 def send(server: LiveServer, step: Step) -> Step:
@@ -225,16 +245,16 @@ def problems(cfg, reference: list, got: list) -> list:
     return out
 
 
-def run_all(root: Path, seed: int = 0, log=print) -> dict:
-    """Every configuration and the negative control against the reference, one server
-    at a time (the next one starting in the background); a JSON-able result."""
-    model = write_model(root, seed)
+def run_model(root: Path, model: str, seed: int = 0, log=print) -> dict:
+    """Every configuration and the negative control of ``model`` against its reference,
+    one server at a time (the next one starting in the background); a JSON-able result."""
+    path = write_model(root, model, seed)
     order = [REFERENCE, *CONFIGS, NEGATIVE]
-    farm = ServerFarm(order, lambda cfg: server_for(model, cfg).start())
-    result = {"seed": seed, "rel_tol": REL_TOL, "configs": {}}
+    farm = ServerFarm(order, lambda cfg: server_for(path, cfg, model).start())
+    result = {"model": model, "configs": {}}
     try:
         reference = build_stream(farm.get(REFERENCE), seed)
-        log(f"reference ({config_id(REFERENCE)}): {len(reference)} requests, "
+        log(f"{model} reference ({config_id(REFERENCE)}): {len(reference)} requests, "
             f"{sum(len(s.output_ids) for s in reference)} greedy tokens")
         for cfg in [*CONFIGS, NEGATIVE]:
             steps = reference[:NEGATIVE_STEPS] if cfg == NEGATIVE else reference
@@ -245,7 +265,8 @@ def run_all(root: Path, seed: int = 0, log=print) -> dict:
                 "problems": [] if cfg == NEGATIVE else problems(cfg, steps, got),
                 "max_rel": summary(comparisons)[0],
                 "max_rel_resumed": summary(comparisons)[1]}
-            log(f"{config_id(cfg)}: max rel logprob diff {summary(comparisons)[0]:.2e}")
+            log(f"{model} {config_id(cfg)}: max rel logprob diff "
+                f"{summary(comparisons)[0]:.2e}")
     finally:
         farm.close()
     neg = result["configs"][config_id(NEGATIVE)]["max_rel_resumed"]
@@ -256,9 +277,18 @@ def run_all(root: Path, seed: int = 0, log=print) -> dict:
     return result
 
 
+def run_all(root: Path, seed: int = 0, log=print, models=MODELS) -> dict:
+    """``run_model`` for each of ``models``, one model after the other."""
+    result = {"seed": seed, "rel_tol": REL_TOL,
+              "models": {m: run_model(root, m, seed, log) for m in models}}
+    result["passed"] = all(r["passed"] for r in result["models"].values())
+    return result
+
+
 def scenario_table(result: dict) -> list:
     """Lines: per scenario (rows) and configuration (columns), the max relative logprob
-    difference against the reference and the hits (cached_tokens) of its requests."""
+    difference against the reference and the hits (cached_tokens) of its requests
+    (``result``: one model's, from ``run_model``)."""
     cfgs = [config_id(c) for c in CONFIGS]
     lines = [f"{'scenario':31s} " + " ".join(f"{c:>22s}" for c in cfgs)]
     for label, names in SCENARIOS.items():

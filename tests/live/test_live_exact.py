@@ -1,11 +1,15 @@
-"""Cached outputs equal uncached ones through SGLang's own Qwen3-Next code (live, CPU).
+"""Cached outputs equal uncached ones through SGLang's own Qwen3-Next and Nemotron-H
+code (live, CPU).
 
-One server per configuration (``exact_live``): the reference with ``--disable-radix-cache``
-first, then stock / marconi / marconi+ under no_buffer (overlap off) and extra_buffer
-(overlap on), then the negative control; each gets the reference's inputs in order. A
-configuration passes when the scripted resumes really happened (``cached_tokens`` at the
-chunk, branch, decode-track and end states) and every output token equals the
-reference's where its top-1 lead is clear, with logprobs within a relative 1e-4.
+For each model (one after the other), one server per configuration (``exact_live``): the
+reference with ``--disable-radix-cache`` first, then stock / marconi / marconi+ under
+no_buffer (overlap off) and extra_buffer (overlap on), then the negative control; each
+gets the reference's inputs in order. Nemotron-H runs two of the six configurations
+unless ``MARCONI_LIVE_EXACT=full`` (``exact_live.QUICK_CONFIGS``: the time budget of
+``make test``). A configuration passes when the scripted resumes really happened
+(``cached_tokens`` at the chunk, branch, decode-track and end states) and every output
+token equals the reference's where its top-1 lead is clear, with logprobs within a
+relative 1e-4.
 """
 from __future__ import annotations
 
@@ -19,21 +23,25 @@ from farm import ServerFarm
 from tiny_models import VOCAB
 
 
-def _start(model_path, cfg):
-    return ex.server_for(model_path, cfg).start()
+def _start(model_path, model, cfg):
+    return ex.server_for(model_path, cfg, model).start()
 
 
-@pytest.fixture(scope="module")
-def exact_farm(tmp_path_factory):
-    model = ex.write_model(tmp_path_factory.mktemp("exact-model"))
-    farm = ServerFarm([ex.REFERENCE, *ex.CONFIGS, ex.NEGATIVE], partial(_start, model))
-    yield farm
+@pytest.fixture(scope="module", params=ex.MODELS)
+def exact_farm(request, tmp_path_factory):
+    """(model, farm): the model's reference, the configurations it is checked on
+    (``ex.checked_configs``) and the negative control, one server each, in that order."""
+    model = request.param
+    path = ex.write_model(tmp_path_factory.mktemp(f"exact-{model}"), model)
+    farm = ServerFarm([ex.REFERENCE, *ex.checked_configs(model), ex.NEGATIVE],
+                      partial(_start, path, model))
+    yield model, farm
     farm.close()
 
 
 @pytest.fixture(scope="module")
 def reference(exact_farm):
-    return ex.build_stream(exact_farm.get(ex.REFERENCE))
+    return ex.build_stream(exact_farm[1].get(ex.REFERENCE))
 
 
 def test_reference_is_uncached_and_its_logits_are_decisive(reference):
@@ -49,7 +57,11 @@ def test_reference_is_uncached_and_its_logits_are_decisive(reference):
 
 @pytest.mark.parametrize("cfg", ex.CONFIGS, ids=ex.config_id)
 def test_cached_outputs_equal_uncached(cfg, reference, exact_farm):
-    got = ex.replay(exact_farm.get(cfg), reference)
+    model, farm = exact_farm
+    if cfg not in ex.checked_configs(model):
+        pytest.skip(f"{model}: {ex.config_id(cfg)} runs with {ex.FULL_ENV}=full "
+                    "(or verify-exact --live)")
+    got = ex.replay(farm.get(cfg), reference)
     assert sum(s.cached_tokens > 0 for s in got) >= 6
     assert ex.problems(cfg, reference, got) == []
 
@@ -59,7 +71,7 @@ def test_negative_control_a_perturbed_resumed_state_breaks_the_tolerance(referen
     """Stock no_buffer with every copied SSM state doubled: requests that resume
     differ by orders of magnitude more than the tolerance; the others stay exact."""
     steps = reference[:ex.NEGATIVE_STEPS]
-    comparisons = ex.compare_all(steps, ex.replay(exact_farm.get(ex.NEGATIVE), steps))
+    comparisons = ex.compare_all(steps, ex.replay(exact_farm[1].get(ex.NEGATIVE), steps))
     assert [c.cached_tokens > 0 for c in comparisons] == [False, True, True, True, True]
     _, worst_resumed = ex.summary(comparisons)
     assert worst_resumed > 100 * ex.REL_TOL, worst_resumed

@@ -4,8 +4,9 @@ Each model folder holds a ``config.json`` that both transformers' and SGLang's o
 classes load (SGLang's ``Qwen3NextConfig`` derives its layer pattern from
 ``full_attention_interval``; its ``NemotronHConfig`` reads ``hybrid_override_pattern`` with
 SGLang's layer names), a byte-level tokenizer built with ``tokenizers`` (256 byte tokens
-plus the chat special tokens, no merges) and a chat template. No weights are written: the
-server runs with ``--load-format dummy``. Nothing is downloaded.
+plus the chat special tokens, no merges) and a chat template. ``write_tiny_model`` writes
+no weights (the server runs with ``--load-format dummy``); ``write_tiny_weights`` adds
+seeded random fp32 weights for the real-forward exactness tests. Nothing is downloaded.
 """
 from __future__ import annotations
 
@@ -47,8 +48,12 @@ CONFIGS = {
         "num_hidden_layers": 6, "hybrid_override_pattern": "M-*-M-",
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
         "attention_head_dim": 16, "mamba_num_heads": 4, "mamba_head_dim": 16,
-        "ssm_state_size": 16, "n_groups": 1, "conv_kernel": 4, "expand": 1,
-        "chunk_size": 64, "mlp_hidden_act": "relu2", "layer_norm_epsilon": 1e-5,
+        # SGLang's MambaMixer2 sizes in_proj from ``mamba_n_groups`` (default 8) while its
+        # state shape reads ``n_groups``; transformers reads either: give both, and the
+        # other mamba_* names SGLang reads, so both sides build the same layers
+        "ssm_state_size": 16, "n_groups": 1, "mamba_n_groups": 1, "conv_kernel": 4,
+        "mamba_d_conv": 4, "expand": 1, "mamba_expand": 1, "chunk_size": 64,
+        "mlp_hidden_act": "relu2", "layer_norm_epsilon": 1e-5,
         "max_position_embeddings": 32768, "tie_word_embeddings": False,
         "bos_token_id": EOS_ID, "eos_token_id": EOS_ID, "pad_token_id": EOS_ID,
         "torch_dtype": "float32",
@@ -94,13 +99,32 @@ def write_tiny_model(folder: Path, arch: str) -> Path:
     return folder
 
 
+# Mamba2 layers whose state is remembered over the live exactness stream's distances:
+# transformers' init (A = -1 .. -heads, dt ~ 0.01) forgets a state within ~100 tokens, so
+# a state resumed at 256 moved the logprobs of the 8 tokens generated 134 tokens later by
+# less than the tolerance (docs/exactness.md, "Live"). arch -> (|A| from, |A| to, dt_bias
+# shift): A_log spans log|A| evenly over the heads, dt_bias moves dt to about 0.08.
+SLOW_SSM_DECAY = {"nemotron_h": (0.004, 0.02, 2.0)}
+
+
+def _slow_ssm_decay(model, a_from: float, a_to: float, dt_shift: float) -> None:
+    import torch  # heavy: only the real-forward tests write weights
+
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("mixer.A_log"):
+                param.copy_(torch.linspace(a_from, a_to, param.numel()).log())
+            elif name.endswith("mixer.dt_bias"):
+                param.add_(dt_shift)
+
+
 def write_tiny_weights(folder: Path, arch: str, seed: int = 0, std: float = 0.1) -> Path:
     """Seeded random fp32 weights for ``arch`` in ``folder`` (``model.safetensors``, HF
     names): transformers' own model class initialised with ``initializer_range=std``
-    (norms, ``A_log`` and ``dt_bias`` by its own rules). SGLang's dummy loader draws
-    U(-1e-3, 1e-3): every logprob is then about -ln V and a wrong state moves nothing;
-    at 0.02 the GDN states are so small that a 1% state error stays below 1e-6 in the
-    logits (docs/exactness.md), hence 0.1."""
+    (norms, ``A_log`` and ``dt_bias`` by its own rules, then ``SLOW_SSM_DECAY``). SGLang's
+    dummy loader draws U(-1e-3, 1e-3): every logprob is then about -ln V and a wrong
+    state moves nothing; at 0.02 the GDN states are so small that a 1% state error stays
+    below 1e-6 in the logits (docs/exactness.md), hence 0.1."""
     import torch  # heavy: only the real-forward tests write weights
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -109,6 +133,8 @@ def write_tiny_weights(folder: Path, arch: str, seed: int = 0, std: float = 0.1)
     config.initializer_range = std
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if arch in SLOW_SSM_DECAY:
+        _slow_ssm_decay(model, *SLOW_SSM_DECAY[arch])
     model.save_pretrained(folder, safe_serialization=True)
     (folder / "config.json").write_text(json.dumps(CONFIGS[arch], indent=1))
     return folder

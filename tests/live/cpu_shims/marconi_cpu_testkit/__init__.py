@@ -23,9 +23,10 @@ starts (``marconi_cpu_testkit-0.1.dist-info`` beside this folder: the folder is 
    AMX probe, ``models/utils.py`` fused qk-norm probe).
 4. With ``MARCONI_CPU_TESTKIT_FORWARD=real`` the model's own forward runs instead of 1.,
    on torch versions of the ``sgl_kernel`` GDN ops and of the few Triton kernels a CPU
-   without AMX reaches (``torch_kernels.py``); ``MARCONI_CPU_TESTKIT_PERTURB_STATE=x``
-   scales every state ``MambaPool.copy_from`` copies by ``1 + x`` (the exactness tests'
-   negative control).
+   without AMX reaches (``torch_kernels.py``), and of the Mamba2 mixer's causal conv and
+   scans (``mamba2_kernels.py``: Triton kernels, or names SGLang binds on GPUs only);
+   ``MARCONI_CPU_TESTKIT_PERTURB_STATE=x`` scales every state ``MambaPool.copy_from``
+   copies by ``1 + x`` (the exactness tests' negative control).
 5. torch here is a CUDA build without a driver: ``torch.get_device_module()`` with no
    argument answers ``torch.cpu`` and ``Tensor.pin_memory()`` returns the tensor
    (``models/qwen3_next.py``, ``managers/schedule_batch.py`` extra_buffer track mask);
@@ -41,6 +42,7 @@ starts (``marconi_cpu_testkit-0.1.dist-info`` beside this folder: the folder is 
 """
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 
@@ -108,6 +110,18 @@ def replaced_forward(self, input_ids, positions, forward_batch, *args, **kwargs)
     return out
 
 
+def bind_absent(module_name: str, names: dict) -> None:
+    """Set ``names`` on ``module_name``, which binds them on GPU platforms only (absent on
+    CPU, so a HookRegistry REPLACE cannot resolve them); a name already bound is an error
+    (this would replace a real kernel)."""
+    module = importlib.import_module(module_name)
+    present = sorted(n for n in names if hasattr(module, n))
+    if present:
+        raise RuntimeError(f"{module_name} already binds {present}: not a CPU build")
+    for name, fn in names.items():
+        setattr(module, name, fn)
+
+
 def _extra_buffer_supported() -> bool:
     return True
 
@@ -146,10 +160,14 @@ def register() -> None:
         for target in FORWARDS:
             HookRegistry.register(target, replaced_forward, HookType.REPLACE)
     else:
-        from marconi_cpu_testkit import torch_kernels  # heavy: transformers, real forward only
+        # heavy: transformers and SGLang's mixer module, real forward only
+        from marconi_cpu_testkit import mamba2_kernels, torch_kernels
         sgl_kernel.provide(torch_kernels.KERNELS)
-        for target, fn in torch_kernels.FORWARD_REPLACEMENTS.items():
+        for target, fn in {**torch_kernels.FORWARD_REPLACEMENTS,
+                           **mamba2_kernels.FORWARD_REPLACEMENTS}.items():
             HookRegistry.register(target, fn, HookType.REPLACE)
+        for module, names in mamba2_kernels.MODULE_BINDINGS.items():
+            bind_absent(module, names)
     if perturb_scale():
         HookRegistry.register(MAMBA_COPY, perturbed_copy_from, HookType.AROUND)
     HookRegistry.register(EXTRA_BUFFER_PLATFORM, _extra_buffer_supported, HookType.REPLACE)
@@ -162,4 +180,5 @@ def register() -> None:
     _done = True
     logger.warning("marconi_cpu_testkit: model forward %s, CPU shims active (tests only)",
                    "replaced" if forward_mode() == "replaced" else
-                   "real (torch versions of the sgl_kernel GDN ops)")
+                   "real (torch versions of the sgl_kernel GDN ops and the Mamba2 "
+                   "Triton kernels)")
