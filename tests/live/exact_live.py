@@ -42,10 +42,13 @@ PERTURB = 1.0             # the negative control doubles every copied SSM state
 EXACT_ENV = {"SGLANG_MAMBA_CONV_DTYPE": "float32"}
 REFERENCE = ("reference", "no-radix")
 CONFIGS = [(buffer, policy) for buffer in BUFFERS for policy in POLICIES]
-# ``make test`` runs Nemotron-H on these two (both buffers, both Marconi policies: 4
-# servers with the reference and the negative control, its time budget);
-# MARCONI_LIVE_EXACT=full runs all six there too (verify-exact --live always does)
-QUICK_CONFIGS = {"nemotron_h": [("no_buffer", "marconi"), ("extra_buffer", "marconi+")]}
+# ``make test`` runs these (both buffers and every policy for Qwen3-Next, both buffers and
+# both Marconi policies for Nemotron-H; with the references and the negative controls, its
+# time budget); MARCONI_LIVE_EXACT=full runs all six per model (verify-exact --live always
+# does)
+QUICK_CONFIGS = {"qwen3_next": [("no_buffer", "marconi+"), ("extra_buffer", "stock"),
+                                ("extra_buffer", "marconi")],
+                 "nemotron_h": [("no_buffer", "marconi"), ("extra_buffer", "marconi+")]}
 FULL_ENV = "MARCONI_LIVE_EXACT"
 NEGATIVE = ("no_buffer", "stock-perturbed")
 NEGATIVE_STEPS = 5        # shared-1 .. turn-2: chunk, branch and end-state hits
