@@ -41,13 +41,18 @@ PERTURB = 1.0             # the negative control doubles every copied SSM state
 # (SGLANG_MAMBA_CONV_DTYPE, configs/mamba_utils.py); the KV cache follows --dtype
 EXACT_ENV = {"SGLANG_MAMBA_CONV_DTYPE": "float32"}
 REFERENCE = ("reference", "no-radix")
-CONFIGS = [(buffer, policy) for buffer in BUFFERS for policy in POLICIES]
-# ``make test`` runs these (both buffers and every policy for Qwen3-Next, both buffers and
+# the live farm's two ways (no_buffer in the normal loop, extra_buffer in the overlap loop)
+# and extra_buffer in the normal loop (--disable-overlap-schedule): the decode-track
+# snapshots without the overlap loop's lookahead
+EXACT_BUFFERS = {**BUFFERS, "extra_buffer_normal_loop": [*BUFFERS["extra_buffer"],
+                                                         "--disable-overlap-schedule"]}
+CONFIGS = [(buffer, policy) for buffer in EXACT_BUFFERS for policy in POLICIES]
+# ``make test`` runs these (every buffer and loop, each policy once, for Qwen3-Next; both buffers and
 # both Marconi policies for Nemotron-H; with the references and the negative controls, its
-# time budget); MARCONI_LIVE_EXACT=full runs all six per model (verify-exact --live always
+# time budget); MARCONI_LIVE_EXACT=full runs all nine per model (verify-exact --live always
 # does)
 QUICK_CONFIGS = {"qwen3_next": [("no_buffer", "marconi+"), ("extra_buffer", "stock"),
-                                ("extra_buffer", "marconi")],
+                                ("extra_buffer_normal_loop", "marconi")],
                  "nemotron_h": [("no_buffer", "marconi"), ("extra_buffer", "marconi+")]}
 FULL_ENV = "MARCONI_LIVE_EXACT"
 NEGATIVE = ("no_buffer", "stock-perturbed")
@@ -90,9 +95,10 @@ def server_for(model_path: Path, cfg, model: str = "qwen3_next") -> LiveServer:
         flags = [*BUFFERS["no_buffer"]]
         env["MARCONI_CPU_TESTKIT_PERTURB_STATE"] = str(PERTURB)
     else:
-        flags = [*POLICIES[policy], *BUFFERS[buffer]]
+        flags = [*POLICIES[policy], *EXACT_BUFFERS[buffer]]
+    pages = page_size(model, "no_buffer" if buffer == "no_buffer" else "extra_buffer")
     flags += ["--chunked-prefill-size", str(CHUNKED_PREFILL), "--mamba-track-interval",
-              str(TRACK_INTERVAL), "--page-size", str(page_size(model, buffer)),
+              str(TRACK_INTERVAL), "--page-size", str(pages),
               "--dtype", "float32"]
     return LiveServer(model_path, flags, max_total_tokens=KV_TOKENS, mamba_slots=MAMBA_SLOTS,
                       max_running=MAX_RUNNING, forward="real", load_format="safetensors",
@@ -204,7 +210,7 @@ def expected_hits(buffer: str, policy: str, by_name: dict) -> dict:
     end = len(t1.input_ids) + len(t1.output_ids) - 1
     want = {"shared-2": CHUNKED_PREFILL,                  # chunk state
             "doc-prefix": 2 * CHUNKED_PREFILL}            # chunk state inside a long prompt
-    if buffer == "extra_buffer":
+    if buffer.startswith("extra_buffer"):                # either loop
         want["shared-3"] = 350 // GRID * GRID             # branch state
         if policy != "marconi+":  # marconi+ may decline end/track states (learned admission)
             want["turn-2"] = end // TRACK_INTERVAL * TRACK_INTERVAL   # decode-track state

@@ -3,11 +3,11 @@ code (live, CPU).
 
 For each model (one after the other), one server per configuration (``exact_live``): the
 reference with ``--disable-radix-cache`` first, then stock / marconi / marconi+ under
-no_buffer (overlap off) and extra_buffer (overlap on), then the negative control; each
-gets the reference's inputs in order. Qwen3-Next runs three of the six configurations
-(both buffers, each policy once) and Nemotron-H two unless ``MARCONI_LIVE_EXACT=full``
-(``exact_live.QUICK_CONFIGS``: the time budget of ``make test``; ``verify-exact --live``
-runs all six). A configuration passes when the scripted resumes really happened
+no_buffer (overlap off), extra_buffer (overlap on) and extra_buffer with overlap off, then
+the negative control; each gets the reference's inputs in order. Qwen3-Next runs three of
+the nine configurations (each buffer and loop, each policy once) and Nemotron-H two unless
+``MARCONI_LIVE_EXACT=full`` (``exact_live.QUICK_CONFIGS``: the time budget of ``make
+test``; ``verify-exact --live`` runs all nine). A configuration passes when the scripted resumes really happened
 (``cached_tokens`` at the chunk, branch, decode-track and end states) and every output
 token equals the reference's where its top-1 lead is clear, with logprobs within a
 relative 1e-4.
