@@ -190,7 +190,7 @@ def test_cli_prints_one_row_per_router_and_cache(mooncake_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--replicas", "2", "--router", "oracle"], "--router: unknown router 'oracle'"),
+    (["--replicas", "2", "--router", "nope"], "--router: unknown router 'nope'"),
     (["--replicas", "2", "--clients", "4"], "--clients"),
     (["--replicas", "2", "--router", "cache_aware,cache_aware"], "--router: cache_aware twice"),
     (["--replicas", "2", "--router-balance-abs-threshold", "-1"],
