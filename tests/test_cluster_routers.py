@@ -15,6 +15,7 @@ pytest.importorskip("sglang")
 from test_cluster import OUT_CAP, _groups, _request_view, _setup  # noqa: E402
 
 from sglang_marconi.model import preset_spec  # noqa: E402
+from sglang_marconi.serving.router_marconi import LOAD_PENALTY  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +137,7 @@ def test_cli_prints_one_row_per_router_and_cache(mooncake_path, capsys):
                     ("oracle", "stock", "stock-python"), ("oracle", "marconi+", "marconi+")]
     assert all(r["finished"] == 12 and r["belief_gap_tokens"] is not None
                for r in out["runs"])
-    assert out["config"]["router_options"]["marconi"]["load_penalty"] == 1.0
+    assert out["config"]["router_options"]["marconi"]["load_penalty"] == LOAD_PENALTY
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -18,9 +18,12 @@ def ids(start: int, n: int) -> list:
     return list(range(start, start + n))
 
 
-def router(spec, chunk=8192, kv_tokens=1 << 20, slots=1000, **options):
+def router(spec, chunk=8192, kv_tokens=1 << 20, slots=1000, load_penalty=1.0,
+           branch_weight=0.0, **options):
+    """The plain rule (TTFT-greedy penalty, today's reuse only) unless told otherwise."""
     return MarconiRouter(W, spec, kv_tokens=kv_tokens, state_slots=slots, page_size=64,
-                         chunked_prefill_size=chunk, mamba_track_interval=256, **options)
+                         chunked_prefill_size=chunk, mamba_track_interval=256,
+                         load_penalty=load_penalty, branch_weight=branch_weight, **options)
 
 
 def serve(r, rid, tokens, loads=(0, 0, 0), cached=None):
@@ -105,6 +108,21 @@ def test_queued_prefill_flops_are_the_load_penalty(paper_spec):
     serve(r0, "a", a)
     r0.route_request("q", ids(100_000, 8000), [0, 0, 0])
     assert r0.route_request("a'", a + [1], [1, 0, 0]).worker == 0
+
+
+def test_branch_weight_values_the_branch_point_a_request_would_plant(paper_spec):
+    a = ids(0, 1000)
+    b = a[:700] + ids(10_000, 300)           # leaves a at 700: branch point 640 on w0
+    for weight, expected in ((0.0, 1), (1.0, 0)):
+        r = router(paper_spec, branch_weight=weight)
+        serve(r, "a", a)
+        r.route_request("q", ids(100_000, 64), [0, 0, 0])   # a small prefill queued on w0
+        assert r.reusable(0, b) == (0, 640)
+        d = r.route_request("b", b, [1, 0, 0])
+        assert d.worker == expected and d.believed_tokens == 0
+        if weight:
+            assert r.score(0, 0, 640, len(b)) == pytest.approx(
+                paper_spec.flops_saved(640) - r.queued_flops(0))
 
 
 def test_balance_guard_is_cache_aware_s(paper_spec):

@@ -20,7 +20,7 @@ from sglang_marconi.errors import UserError
 from sglang_marconi.model import resolve_model
 from sglang_marconi.serving.gpu_model import PRESETS, GpuTimeModel, preset
 from sglang_marconi.serving.router import ROUTERS, make_router
-from sglang_marconi.serving.router_marconi import CostRouter
+from sglang_marconi.serving.router_marconi import BRANCH_WEIGHT, LOAD_PENALTY, CostRouter
 from sglang_marconi.sim.traces import read_trace
 
 COLUMNS = (  # (header, key, format)
@@ -126,10 +126,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "never)")
     r.add_argument("--router-max-tree-size", type=_positive, default=1 << 26,
                    help="cache_aware: characters kept per replica at each trim")
-    r.add_argument("--router-load-penalty", type=float, default=1.0,
+    r.add_argument("--router-load-penalty", type=float, default=LOAD_PENALTY,
                    help="marconi, oracle: score = prefill FLOPs saved - this x the "
                         "replica's queued prefill FLOPs (1: TTFT-greedy)")
-    r.add_argument("--router-branch-weight", type=float, default=0.0,
+    r.add_argument("--router-branch-weight", type=float, default=BRANCH_WEIGHT,
                    help="marconi, oracle: add this x the FLOPs a hit on the branch point "
                         "the request would checkpoint there would save (0: reuse only)")
     parser.add_argument("--limit", type=_positive, default=None,

@@ -196,11 +196,15 @@ class RandomRouter:
 
 
 def make_router(name: str, workers: Sequence[str], seed: int = 0, **cache_aware_options):
-    """One of ``ROUTERS`` for ``workers`` (cache_aware takes the threshold options)."""
+    """cache_aware, round_robin or random for ``workers`` (cache_aware takes the threshold
+    options)."""
     if name == "cache_aware":
         return CacheAwareRouter(workers, **cache_aware_options)
     if name == "round_robin":
         return RoundRobinRouter(workers)
     if name == "random":
         return RandomRouter(workers, seed)
+    if name in ROUTERS:
+        raise ValueError(f"router {name} needs the replicas: serving.cluster.build_cluster "
+                         "builds it (serving/router_marconi.py)")
     raise UserError(f"--router: unknown router {name!r} (choose from {', '.join(ROUTERS)})")

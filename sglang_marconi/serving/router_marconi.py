@@ -5,12 +5,18 @@ penalty, and keep cache_aware's balance guard (same rule, same thresholds:
 ``router.CacheAwareRouter.imbalanced``): when the in-flight counts are imbalanced the
 least loaded replica takes the request, the first on ties.
 
-score(k) = flops_saved(reusable tokens on k) - load_penalty x queued prefill FLOPs of k
+score(k) = flops_saved(reusable tokens on k)
+           + branch_weight x flops_saved(branch point on k) beyond that reuse
+           - load_penalty x queued prefill FLOPs of k
 
 - queued prefill FLOPs: for every request routed to k whose first token has not come back
   yet, its prefill FLOPs minus those of the reuse the router expected when it routed it
   (what the replica still has to compute before it can start this one). ``load_penalty``
   1 is TTFT-greedy: the wait behind k's queue plus this request's own prefill, in FLOPs.
+- branch point: where the request's KV match on k (floored to the checkpoint grid) runs
+  past the reusable state, SGLang snapshots a state there during this prefill
+  (``sglang_branch_point``); the next request with this prefix reuses it only if it goes to
+  k too. ``branch_weight`` values that future hit (0: score today's reuse only).
 - ties: the lowest replica index. Every call is O(replicas x blocks of the request).
 
 ``marconi`` (``MarconiRouter``) knows only what a router can know. Per replica it keeps
@@ -48,6 +54,10 @@ from sglang_marconi.policy.admission import (plan_sglang_checkpoints, sglang_bra
 from sglang_marconi.serving.router import CacheAwareRouter, Decision, first_min
 
 COST_ROUTERS = ("marconi", "oracle")
+# defaults: picked on the first 1,500 requests of the shared Mooncake trace (docs/scale-out.md,
+# "Choosing the weights"); 1 and 0 are the plain rule (TTFT-greedy, reuse only)
+LOAD_PENALTY = 0.1
+BRANCH_WEIGHT = 1.0
 
 
 def block_hashes(ids: Sequence[int], grid: int, limit: Optional[int] = None) -> List[int]:
@@ -146,8 +156,8 @@ class CostRouter:
 
     grid = 64
 
-    def __init__(self, workers: Sequence[str], spec, load_penalty: float = 1.0,
-                 branch_weight: float = 0.0,
+    def __init__(self, workers: Sequence[str], spec, load_penalty: float = LOAD_PENALTY,
+                 branch_weight: float = BRANCH_WEIGHT,
                  balance_abs_threshold: int = 64, balance_rel_threshold: float = 1.5):
         if not workers:
             raise UserError("router: at least one worker is needed")
