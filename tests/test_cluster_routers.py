@@ -1,42 +1,23 @@
 """The ``oracle`` router's read-only walk and the marconi / oracle routers in a cluster
 (``serving/router_marconi.py``, ``serving/cluster.py``): the walk answers what SGLang's
 match would, and asking it changes nothing (the run's hits and steps are identical with and
-without the queries); the cluster feeds the routers their responses; the CLI prints one row
-per router x cache with a belief gap for each."""
+without the queries); the cluster feeds the routers their responses (the CLI's rows: tests/test_cluster.py)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import pytest
 
 pytest.importorskip("sglang")
 
-from test_cluster import OUT_CAP, _groups, _request_view, _setup  # noqa: E402
+# spec: test_cluster's fixture (qwen3_next), shared by importing it
+from test_cluster import _groups, _request_view, _setup, spec  # noqa: E402,F401
 
-from sglang_marconi.model import preset_spec  # noqa: E402
-from sglang_marconi.serving.router_marconi import LOAD_PENALTY  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def spec():
-    return preset_spec("qwen3_next")
-
-
-@pytest.fixture(scope="module")
-def trace_requests(mooncake_path):
-    from sglang_marconi.harness.ab import to_replay_requests
-    from sglang_marconi.sim.traces import read_trace
-
-    trace = read_trace(mooncake_path).head(40)
-    reqs = [dataclasses.replace(r, output_ids=r.output_ids[:OUT_CAP])
-            for r in to_replay_requests(trace)]
-    return reqs, [r.timestamp for r in trace.requests]
 
 
 class AskingRouter:
-    """round_robin that asks every replica's cache, read-only, about every request before
-    routing each one (the oracle's queries, without acting on them)."""
+    """round_robin that, before routing each request, asks every replica's cache (read-only)
+    about each of ``requests`` (the oracle's queries, without acting on them)."""
 
     def __init__(self, inner, cluster_ref, requests):
         self.inner, self.cluster_ref, self.requests = inner, cluster_ref, requests
@@ -92,12 +73,12 @@ def test_oracle_queries_are_read_only(spec, cache):
     assert any(answers)
 
 
-def test_oracle_refuses_the_compiled_tree_core(spec, trace_requests):
+def test_oracle_refuses_the_compiled_tree_core(spec):
     from sglang_marconi.errors import UserError
     from sglang_marconi.serving.cluster import build_cluster
     from sglang_marconi.serving.router_marconi import readonly_match
 
-    reqs, ts = trace_requests
+    reqs, ts = _groups(n_prefixes=1, per_prefix=1)
     cluster = build_cluster("stock", "round_robin", _setup(spec, reqs, ts), 1)
     with pytest.raises(UserError, match="--router oracle"):
         readonly_match(cluster.replicas[0].cache, reqs[0].input_ids)
@@ -120,34 +101,3 @@ def test_cost_routers_serve_everything_and_hear_every_response(spec, router):
     # responses complete before the last arrival were all reported, the rest still open
     assert len(cluster.router.in_flight) == sum(len(o) for o in cluster.open)
     assert set(cluster.router.in_flight) == set().union(*cluster.open)
-
-
-def test_cli_prints_one_row_per_router_and_cache(mooncake_path, capsys):
-    from sglang_marconi.cli.main import main
-
-    rc = main(["serve-sim", "--trace", str(mooncake_path), "--model", "qwen3_next",
-               "--limit", "12", "--replicas", "2", "--router", "cache_aware,marconi,oracle",
-               "--caches", "stock,marconi+", "--load", "0.8", "--bookkeeping", "off",
-               "--json", "--no-progress"])
-    assert rc == 0
-    out = json.loads(capsys.readouterr().out)
-    rows = [(r["router"], r["cache"], r["replica_cache"]) for r in out["runs"]]
-    assert rows == [("cache_aware", "stock", "stock"), ("cache_aware", "marconi+", "marconi+"),
-                    ("marconi", "stock", "stock"), ("marconi", "marconi+", "marconi+"),
-                    ("oracle", "stock", "stock-python"), ("oracle", "marconi+", "marconi+")]
-    assert all(r["finished"] == 12 and r["belief_gap_tokens"] is not None
-               for r in out["runs"])
-    assert out["config"]["router_options"]["marconi"]["load_penalty"] == LOAD_PENALTY
-
-
-@pytest.mark.parametrize("argv, message", [
-    (["--router", "marconi", "--router-load-penalty", "-1"], "--router-load-penalty"),
-    (["--router", "oracle", "--router-branch-weight", "-2"], "--router-branch-weight"),
-])
-def test_cli_errors(mooncake_path, capsys, argv, message):
-    from sglang_marconi.cli.main import main
-
-    rc = main(["serve-sim", "--trace", str(mooncake_path), "--model", "qwen3_next",
-               "--limit", "4", "--no-progress", "--replicas", "2", *argv])
-    assert rc == 2
-    assert message in capsys.readouterr().err
