@@ -88,6 +88,22 @@ def test_feedback_adds_a_state_it_did_not_know(paper_spec):
     assert r.reusable(0, a[:300] + [-2] * 5)[0] == 256
 
 
+def test_marconi_plus_replicas_are_believed_only_their_branch_and_chunk_states(paper_spec):
+    a = ids(0, 1000)
+    b = a[:700] + ids(10_000, 300)
+    stock, plus = router(paper_spec), router(paper_spec, admission="marconi+")
+    for r in (stock, plus):
+        serve(r, "a", a)
+        serve(r, "b", b)
+    # the end of a's prompt (960) is an end-state candidate marconi+ may refuse; the
+    # branch point b planted (640) is admitted by both
+    assert stock.reusable(0, a + [1])[0] == 960
+    assert plus.reusable(0, a + [1])[0] == 640
+    assert plus.reusable(0, a[:700] + [-1])[0] == 640
+    with pytest.raises(UserError, match="admission rule"):
+        router(paper_spec, admission="lru")
+
+
 def test_queued_prefill_flops_are_the_load_penalty(paper_spec):
     r = router(paper_spec)
     a = ids(0, 4096)

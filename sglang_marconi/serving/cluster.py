@@ -155,10 +155,18 @@ def build_cluster(cache_name: str, router_name: str, setup, replicas: int,
     workers = [f"replica-{k}" for k in range(replicas)]
     if router_name in COST_ROUTERS:
         router = make_cost_router(router_name, workers, setup.spec, pools=setup.pools,
-                                  caches=[s.cache for s in scheds], **(router_options or {}))
+                                  caches=[s.cache for s in scheds],
+                                  admission=replica_admission(cache_name),
+                                  **(router_options or {}))
     else:
         router = make_router(router_name, workers, seed=setup.seed, **(router_options or {}))
     return Cluster(scheds, router)
+
+
+def replica_admission(cache_name: str) -> str:
+    """The admission rule the marconi router models for the replicas' cache (a router is
+    configured with the policy its workers run)."""
+    return "marconi+" if cache_name == "marconi+" else "sglang"
 
 
 def replica_cache(cache_name: str, router_name: str) -> str:
@@ -197,6 +205,7 @@ def summarize_cluster(cluster: Cluster, spec, cache: str, router: str, load,
         "router_evictions": getattr(cluster.router, "evictions", 0),
         "router_corrections": getattr(cluster.router, "corrections", None),
         "replica_cache": replica_cache(cache, router),
+        "router_admission": getattr(cluster.router, "admission", None),
         "gpu_busy_fraction": sum(s.gpu_s for sched in cluster.replicas for s in sched.steps
                                  if s.kind != "idle") / (span * len(cluster.replicas)),
         "retractions": sum(s.retractions for s in cluster.replicas),

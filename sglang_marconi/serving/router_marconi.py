@@ -49,11 +49,16 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 from sglang_marconi.errors import UserError
-from sglang_marconi.policy.admission import (plan_sglang_checkpoints, sglang_branch_point,
+from sglang_marconi.policy.admission import (SGLangGrids, plan_marconi_in_sglang,
+                                             plan_sglang_checkpoints, sglang_branch_point,
                                              sglang_grid, sglang_track_grid)
 from sglang_marconi.serving.router import CacheAwareRouter, Decision, first_min
 
 COST_ROUTERS = ("marconi", "oracle")
+# the replica admission rules the marconi router can model: stock SGLang's, and marconi+'s
+# (SGLang's snapshots without the end-state candidates, which it admits only while their
+# measured reuse rate is high: the router believes the branch point and chunk states)
+ADMISSION_RULES = ("sglang", "marconi+")
 # defaults: picked on the first 1,500 requests of the shared Mooncake trace (docs/scale-out.md,
 # "Choosing the weights"); 1 and 0 are the plain rule (TTFT-greedy, reuse only)
 LOAD_PENALTY = 0.1
@@ -244,8 +249,12 @@ class MarconiRouter(CostRouter):
 
     def __init__(self, workers: Sequence[str], spec, kv_tokens: int, state_slots: int,
                  page_size: int = 64, chunked_prefill_size: int = 8192,
-                 mamba_track_interval: int = 256, **options):
+                 mamba_track_interval: int = 256, admission: str = "sglang", **options):
         super().__init__(workers, spec, **options)
+        if admission not in ADMISSION_RULES:
+            raise UserError(f"router: admission rule must be one of {', '.join(ADMISSION_RULES)}"
+                            f", got {admission!r}")
+        self.admission = admission
         self.grid = sglang_grid(page_size)
         self.page = page_size
         self.chunk = chunked_prefill_size
@@ -289,7 +298,12 @@ class MarconiRouter(CostRouter):
                                        self.chunk, self.page, self.grid, self.track_grid)
         if plan.cached_len:
             record.record(hashes[:plan.cached_len // self.grid])
-        for pos in plan.positions:
+        positions = plan.positions
+        if self.admission == "marconi+":
+            grids = SGLangGrids(self.chunk, self.page, self.grid, self.track_grid)
+            positions = plan_marconi_in_sglang(input_len, len(output_ids), cached_tokens,
+                                               branch, grids, len(positions)).intermediate
+        for pos in positions:
             if 0 < pos <= len(hashes) * self.grid:
                 record.believe_state(hashes[pos // self.grid - 1])
 
@@ -346,12 +360,13 @@ class OracleRouter(CostRouter):
 
 
 def make_cost_router(name: str, workers: Sequence[str], spec, pools=None, caches=None,
-                     **options) -> CostRouter:
-    """``marconi`` (sized from the replicas' ``PoolConfig``) or ``oracle`` (their caches)."""
+                     admission: str = "sglang", **options) -> CostRouter:
+    """``marconi`` (sized from the replicas' ``PoolConfig``, modelling their ``admission``
+    rule) or ``oracle`` (their caches)."""
     if name == "marconi":
         return MarconiRouter(workers, spec, pools.kv_tokens, pools.mamba_slots,
                              pools.page_size, pools.chunked_prefill_size,
-                             pools.mamba_track_interval, **options)
+                             pools.mamba_track_interval, admission=admission, **options)
     if name == "oracle":
         return OracleRouter(workers, spec, caches, **options)
     raise UserError(f"--router: unknown router {name!r} (choose from {', '.join(COST_ROUTERS)})")
