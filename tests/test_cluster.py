@@ -153,12 +153,17 @@ def test_cache_aware_affinity_beats_round_robin_on_shared_prefixes(spec):
 def test_cluster_load_spreads_the_same_work_over_n_replicas(spec, trace_requests):
     from sglang_marconi.serving.arrivals import offered_seconds
     from sglang_marconi.serving.cluster import cluster_arrivals
+    from sglang_marconi.serving.run import offered_batch
 
     reqs, ts = trace_requests
     setup = _setup(spec, reqs, ts)
     span1 = max(cluster_arrivals(setup, reqs, 1, 0.8, None))
     span4 = max(cluster_arrivals(setup, reqs, 4, 0.8, None))
-    assert span1 == pytest.approx(offered_seconds(reqs, setup.time_model) / 0.8)
+    # one replica's load is serve-sim's: prefill and decode at the batch the pools allow
+    batch = offered_batch(setup, reqs)
+    assert batch > 1
+    assert span1 == pytest.approx(offered_seconds(reqs, setup.time_model, batch,
+                                                  setup.pools.chunked_prefill_size) / 0.8)
     assert span4 == pytest.approx(span1 / 4)
 
 

@@ -6,7 +6,7 @@ can keep.
 
 Where nothing is evicted the hits and the states kept are identical request for request
 (the slice below). Under pressure the simulator's eviction is not SGLang's: on the whole
-bundled trace (paper-7b, 100 GiB unified) ``ab``'s marconi+ saves 20.56% of prefill FLOPs,
+bundled trace (paper-7b, 100 GiB unified) ``ab``'s marconi+ saves 20.88% of prefill FLOPs,
 ``marconi+:materialise=sglang`` 19.22% (docs/usage.md has the measurements).
 """
 from __future__ import annotations

@@ -207,3 +207,17 @@ def test_victim_queue_heap_stays_bounded(mode, alpha):
     if mode == "marconi":
         assert q.ordered() == fresh.ordered()
     assert len(q.ordered()) == 10
+
+
+def test_suspend_victim_ages_the_gdsf_queue_as_a_pop():
+    """A victim handed to SGLang is suspended (its eviction may be declined under HiCache),
+    but an eviction must age marconi+'s GDSF queue as the simulator's pop does."""
+    popped, handed = VictimQueue(0.0, mode="gdsf"), VictimQueue(0.0, mode="gdsf")
+    for q in (popped, handed):
+        q.update("a", 1.0, 5.0)
+        q.update("b", 2.0, 9.0)
+    assert popped.pop_victim() == handed.suspend_victim() == "a"
+    assert handed.clock == popped.clock > 0
+    assert "a" not in handed and handed.is_suspended("a")
+    handed.resume("a")                       # declined: back with the key it had
+    assert handed.peek_victim() == "a"

@@ -79,10 +79,7 @@ def test_concurrent_run_conserves_requests_and_slots(spec, requests, cache, memo
     if memory == "unified":  # one buffer: the same KV bytes plus room for 10 states
         from sglang_marconi.driver.unified_pools import UnifiedConfig
 
-        setup.unified = UnifiedConfig(
-            unified_bytes=4_096 * spec.kv_bytes_per_token + 10 * spec.ssm_state_bytes,
-            kv_bytes_per_token=spec.kv_bytes_per_token, state_bytes=spec.ssm_state_bytes,
-            mamba_slots=40)
+        setup.unified = UnifiedConfig.for_tokens(spec, 4_096, states=10, mamba_slots=40)
     checked = []
 
     def after_step(sched):
@@ -123,8 +120,12 @@ def test_time_model_and_load_scaling(spec, requests):
     assert big > small > tm.weight_bytes / tm.decode_bytes_s * 0.99
     assert preset("b200").peak_flops > preset("h100").peak_flops == preset("h200").peak_flops
     ts = [i * 1.0 for i in range(50)]
-    times = arrivals_for_load(ts, requests[:50], tm, 0.5)
-    assert offered_seconds(requests[:50], tm) / (times[-1] - times[0]) == pytest.approx(0.5)
+    times = arrivals_for_load(ts, requests[:50], tm, 0.5, batch=4)
+    offered = offered_seconds(requests[:50], tm, 4)
+    assert offered / (times[-1] - times[0]) == pytest.approx(0.5)
+    # the load counts decode too, dearer per token in a smaller batch (the weights' read)
+    prefill = sum(tm.extend_flops(0, len(r.input_ids)) for r in requests[:50]) / tm.prefill_flops_s
+    assert offered_seconds(requests[:50], tm, 1) > offered > prefill
     poisson = arrivals_for_load([0.0] * 50, requests[:50], tm, 0.5, seed=1)
     assert poisson == sorted(poisson) and poisson[-1] > 0
 
@@ -145,7 +146,8 @@ def test_cli_json_plot_and_bad_input(mooncake_path, tmp_path):
                           "--json", "--plot", str(png)))
     keys = {"cache", "load", "ttft_p50_s", "ttft_p95_s", "ttft_p99_s", "queue_p95_s",
             "throughput_req_s", "output_tok_s", "flops_saved_fraction", "token_hit_rate",
-            "gpu_busy_fraction", "max_running_requests", "mean_running",
+            "gpu_busy_fraction", "max_running_requests", "mean_running", "busy_fraction",
+            "cpu_critical_fraction", "overloaded", "gc_pause_s_max", "loop",
             "state_slots_by_running_mean", "state_slots_by_tree_mean", "retractions",
             "bookkeeping_ms_per_step_p99", "wall_s"}
     assert len(out["runs"]) == 4 and all(keys <= set(r) for r in out["runs"])

@@ -74,6 +74,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where states are taken, as SGLang's flag: extra_buffer (what "
                              "auto picks for hybrid models; default) or no_buffer (one state "
                              "at the end; page size 1)")
+    parser.add_argument("--disable-overlap-schedule", action="store_true",
+                        help="SGLang's flag: the normal loop's order instead of the overlap "
+                             "loop's (SGLang's default), and 1 tracking slot per running "
+                             "request instead of 2 (driver.replay.Replayer)")
     parser.add_argument("--limit", type=_positive, default=None,
                         help="replay only the first N requests")
     parser.add_argument("--caches", default=",".join(DEFAULT_CACHES),
@@ -159,6 +163,9 @@ def _check_pools(args, requests, kv_tokens: int, mamba_slots: int) -> int:
     if args.mamba_radix_cache_strategy == "no_buffer" and args.page_size != 1:
         raise UserError("--mamba-radix-cache-strategy no_buffer needs --page-size 1 "
                         "(as in SGLang)")
+    if args.mamba_radix_cache_strategy == "no_buffer" and not args.disable_overlap_schedule:
+        raise UserError("--mamba-radix-cache-strategy no_buffer needs "
+                        "--disable-overlap-schedule (as in SGLang: mamba_hook.py 156-160)")
     if mamba_slots < 4:
         raise UserError("--mamba-slots must be at least 4 (a running request holds 3)")
     return need
@@ -221,9 +228,11 @@ def _run(args) -> int:
                        chunked_prefill_size=args.chunked_prefill_size,
                        mamba_track_interval=args.mamba_track_interval,
                        extra_buffer=args.mamba_radix_cache_strategy == "extra_buffer",
+                       overlap_schedule=not args.disable_overlap_schedule,
                        **resolve_host(args, spec, kv_tokens, mamba_slots, unified))
     cfg = ABConfig(pools=pools, spec=spec, settings=settings, caches=caches, unified=unified,
-                   l3=args.hicache_storage_backend == "file")
+                   l3=args.hicache_storage_backend == "file",
+                   overlap=not args.disable_overlap_schedule)
     results = run_ab(requests, cfg, show_progress=not args.no_progress,
                      per_request=args.per_request)
     results["config"] = {"trace": str(args.trace), "model": spec.name,
@@ -233,6 +242,7 @@ def _run(args) -> int:
                          "chunked_prefill_size": args.chunked_prefill_size,
                          "mamba_track_interval": args.mamba_track_interval,
                          "mamba_radix_cache_strategy": args.mamba_radix_cache_strategy,
+                         "loop": "normal" if args.disable_overlap_schedule else "overlap",
                          "marconi_alpha": settings.alpha,
                          **({"marconi_online_alphas": list(settings.online_alphas),
                              "marconi_online_window": settings.online_window,

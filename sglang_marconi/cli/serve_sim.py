@@ -29,10 +29,12 @@ COLUMNS = (  # (header, key, format)
     ("p99", "ttft_p99_s", "{:.3f}"), ("queue p95", "queue_p95_s", "{:.3f}"),
     ("req/s", "throughput_req_s", "{:.2f}"), ("out tok/s", "output_tok_s", "{:,.0f}"),
     ("FLOPs saved", "flops_saved_fraction", "{:.1%}"), ("hit", "token_hit_rate", "{:.1%}"),
-    ("busy", "gpu_busy_fraction", "{:.0%}"), ("running", "mean_running", "{:.1f}"),
+    ("busy", "busy_fraction", "{:.0%}"), ("cpu crit", "cpu_critical_fraction", "{:.0%}"),
+    ("overloaded", "overloaded", "{}"), ("running", "mean_running", "{:.1f}"),
     ("slots run", "state_slots_by_running_mean", "{:.0f}"),
     ("slots tree", "state_slots_by_tree_mean", "{:.0f}"), ("retract", "retractions", "{}"),
     ("aborted", "aborted", "{}"), ("bk ms p99", "bookkeeping_ms_per_step_p99", "{:.2f}"),
+    ("bk ms max", "bookkeeping_ms_per_step_max", "{:.1f}"), ("gc max s", "gc_pause_s_max", "{:.3f}"),
     ("wall s", "wall_s", "{:.0f}"),
 )
 
@@ -64,7 +66,7 @@ def _loads(text: str) -> tuple:
     if not parts or not all(re.fullmatch(r"[0-9]*\.?[0-9]+", p) and float(p) > 0
                             for p in parts):
         raise UserError(f"--load: expected positive numbers, comma-separated (0.8 = 80% "
-                        f"of the prefill capacity), got {text!r}")
+                        f"of the capacity with no cache hit), got {text!r}")
     return tuple(float(p) for p in parts)
 
 
@@ -93,10 +95,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--chunked-prefill-size", type=_positive, default=8192)
     p.add_argument("--max-prefill-tokens", type=_positive, default=16384)
     p.add_argument("--mamba-track-interval", type=_positive, default=256)
+    p.add_argument("--disable-overlap-schedule", action="store_true",
+                   help="SGLang's flag: the normal loop (event_loop_normal) instead of the "
+                        "overlap loop, SGLang's default; also 1 tracking slot per request "
+                        "instead of 2")
     p.add_argument("--schedule-policy", choices=("lpm", "fcfs", "dfs-weight", "lof", "random"),
                    default="lpm")
     a = parser.add_argument_group("arrivals")
-    a.add_argument("--load", default="0.8", help="offered loads, e.g. 0.5,0.8,0.95")
+    a.add_argument("--load", default="0.8", help="offered loads, e.g. 0.5,0.8,0.95: the GPU work of the trace with "
+                        "no cache hit (prefill, and decode at the largest batch the pools "
+                        "allow) over the arrival span")
     a.add_argument("--rate-scale", type=float, default=None,
                    help="instead of --load: multiply the trace's timestamps by this")
     a.add_argument("--clients", type=_positive, default=None,
@@ -175,7 +183,7 @@ def build_setup(args):
     sizes = size_pools(spec, args.cache_gb, args.memory,
                        mamba_full_memory_ratio=args.mamba_full_memory_ratio,
                        page_size=args.page_size, max_running_requests=args.max_running_requests,
-                       overlap=False)
+                       overlap=not args.disable_overlap_schedule)
     gpu = preset(args.gpu,
                  peak_flops=args.peak_tflops and args.peak_tflops * 1e12,
                  hbm_bytes_s=args.hbm_tbs and args.hbm_tbs * 1e12, mfu=args.mfu,
@@ -184,13 +192,14 @@ def build_setup(args):
                  else args.step_overhead_ms / 1e3)
     longest = max(len(r.input_ids) + max(1, r.output_len) for r in requests)
     pools = pool_config(sizes, longest + 2 * args.page_size, args.chunked_prefill_size,
-                        args.mamba_track_interval)
+                        args.mamba_track_interval, overlap=not args.disable_overlap_schedule)
     sched = SchedulerConfig(max_running_requests=sizes.max_running_requests,
                             chunked_prefill_size=args.chunked_prefill_size,
                             max_prefill_tokens=args.max_prefill_tokens,
                             schedule_policy=args.schedule_policy,
                             measure_bookkeeping=args.bookkeeping == "measured",
-                            clients=args.clients)
+                            clients=args.clients,
+                            overlap=not args.disable_overlap_schedule)
     unified = None
     if sizes.mode == "unified":
         from sglang_marconi.driver.unified_pools import UnifiedConfig
@@ -232,7 +241,8 @@ def _run(args) -> int:
     config = {"trace": str(args.trace), "model": setup.spec.name, "requests": len(requests),
               "gpu": setup.time_model.gpu.as_dict(), "pools": sizes.as_dict(),
               "schedule_policy": args.schedule_policy, "bookkeeping": args.bookkeeping,
-              "clients": args.clients}
+              "clients": args.clients,
+              "loop": "normal" if args.disable_overlap_schedule else "overlap"}
     if routers is not None:
         return _run_cluster(args, requests, setup, sizes, caches, loads, routers, options,
                             config)

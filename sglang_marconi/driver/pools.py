@@ -52,6 +52,12 @@ class PoolConfig:
     hicache_ratio: float = 2.0
     hicache_size_gb: int = 0
     hicache_storage_dir: Optional[str] = None
+    # the scheduler loop the pools are built for: SGLang sizes a running request's
+    # ping-pong track buffer by it (``allocation_sizing.get_mamba_tracking_slots``: 2 slots
+    # under the overlap schedule, 1 without; ``memory_pool.HybridReqToTokenPool`` 1393-1400).
+    # None keeps each builder's own default (the test fixture's static pools: 2; the
+    # unified pools: 1), as before this option existed.
+    overlap_schedule: Optional[bool] = None
 
 
 def _server_args_factory(pc: PoolConfig):
@@ -93,6 +99,15 @@ def _allocator_factory(page_size: int):
                                            device=device, kvcache=kvcache, need_sort=need_sort)
 
     return make
+
+
+def _tracking_slots(fixtures, overlap_schedule: Optional[bool]):
+    """The fixture builds ``HybridReqToTokenPool`` without ``enable_overlap_schedule`` (its
+    default, True: 2 tracking slots); pass the loop's value when one is given."""
+    if overlap_schedule is None:
+        return contextlib.nullcontext()
+    return mock.patch.object(fixtures, "HybridReqToTokenPool", functools.partial(
+        fixtures.HybridReqToTokenPool, enable_overlap_schedule=overlap_schedule))
 
 
 def cache_config(pc: PoolConfig):
@@ -144,6 +159,7 @@ def build_pools(pc: PoolConfig, keep_global_args: bool = False):
         mock.patch.object(fixtures, "get_device", lambda *a, **k: "cpu"),
         mock.patch.object(fixtures, "ServerArgs", _server_args_factory(pc)),
         mock.patch.object(fixtures, "TokenToKVPoolAllocator", _allocator_factory(pc.page_size)),
+        _tracking_slots(fixtures, pc.overlap_schedule),
         keep,
     ):
         fixture_cache, allocator, req_to_token_pool = fixtures.build_fixture(

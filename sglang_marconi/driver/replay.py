@@ -52,6 +52,12 @@ class ReplayRequest:
     input_ids: array
     output_ids: Sequence[int]
     abort_after_chunks: Optional[int] = None  # abort once this many chunks ran (tests)
+    # finish on a stop token (the last output id, as an EOS) instead of by length: trace
+    # requests finish by length (a benchmark client's max_new_tokens with ignore_eos)
+    finish_by_stop: bool = False
+    # serve-sim: the client aborts this many seconds after the request arrives (SGLang's
+    # abort_request: waiting, chunked prefill or running, whatever it is doing then)
+    abort_after_s: Optional[float] = None
 
     @property
     def output_len(self) -> int:
@@ -117,11 +123,22 @@ class Replayer:
     """Runs ``ReplayRequest``s one after another through ``tree_cache``."""
 
     def __init__(self, tree_cache, chunked_prefill_size: int = 8192,
-                 mamba_chunk_size: int = 64, publish_last_chunk: bool = True):
+                 mamba_chunk_size: int = 64, publish_last_chunk: bool = True,
+                 overlap: bool = False):
         """``publish_last_chunk``: SGLang's ``checkpoint_kv_cache`` after the last prefill
         chunk of a request that goes on to decode (what the live server does, checked by
         tests/live). False drops that one call: the sequence the simulator's image of
-        SGLang (``policy.mirror``) still models, for the parity tests only."""
+        SGLang (``policy.mirror``) still models, for the parity tests only.
+
+        ``overlap``: the order of SGLang's overlap loop (``event_loop_overlap``) for one
+        request at a time. Of what differs between the loops, only this reaches a single
+        sequential client: the first decode step's KV allocation comes before the last
+        prefill chunk's ``checkpoint_kv_cache``. The rest does not: a request finishing by
+        length is left out of the next batch (``_reqs_finishing_inflight``), so it has no
+        stop-token overshoot and its last result has no lookahead; the decode-track
+        snapshots land on the same slots and lengths (the ping-pong swap moves one result
+        earlier, still before the next batch is prepared); the tracking slots per request
+        (2 under overlap, 1 without) are the pools' (``PoolConfig.overlap_schedule``)."""
         from sglang.srt.runtime_context import (
             get_exec,
             mamba_checkpoint_grid,
@@ -132,6 +149,7 @@ class Replayer:
         self.chunk = chunked_prefill_size
         self.mamba_chunk_size = mamba_chunk_size
         self.publish_last_chunk = publish_last_chunk
+        self.overlap = overlap
         self.extra_buffer = bool(get_exec().mamba.enable_mamba_extra_buffer)
         self.grid = mamba_checkpoint_grid(tree_cache.page_size)
         self.track_grid = mamba_track_grid(tree_cache.page_size)
@@ -188,6 +206,11 @@ class Replayer:
         req.kv.mamba_next_track_idx = pool.get_mamba_ping_pong_other_idx(track_idx)
 
     def _decode_step(self, req) -> None:
+        """One decode step: ``_decode_alloc`` and the track update of its result."""
+        self._decode_alloc(req)
+        self._track_decode_state(req)
+
+    def _decode_alloc(self, req) -> None:
         """``prepare_for_decode`` for one token. On a page boundary this is SGLang's
         ``alloc_for_decode_default`` (the step that can allocate a page and evict);
         inside a page the paged allocator only hands out ``last_loc + 1``, which is
@@ -207,7 +230,6 @@ class Replayer:
         req.decode_batch_idx += 1
         if self.on_kv is not None:
             self.on_kv(req, seq_len, seq_len + 1)
-        self._track_decode_state(req)
 
     def run(self, rr: ReplayRequest) -> RequestOutcome:
         """Replay ``rr`` to its end (finish or abort)."""
@@ -278,18 +300,47 @@ class Replayer:
             if i == out_len - 1:
                 req.finished_reason = FINISH_LENGTH(length=out_len)
                 break
+            early = i == 0 and self.overlap
+            if early:
+                # event_loop_overlap (scheduler.py 2086-2118): the first decode batch is
+                # prepared (its KV slot allocated, evicting when short) before the
+                # prefill's result is processed
+                self._decode_alloc(req)
             if i == 0 and self.publish_last_chunk:
                 # the last prefill chunk of a request that goes on to decode is published
                 # like every other chunk (SchedulerBatchResultProcessor.
                 # process_batch_result_prefill: checkpoint_kv_cache when not finished)
                 checkpoint_kv_cache(req, self.cache)
-            self._decode_step(req)
+            if not early:
+                self._decode_alloc(req)
+            self._track_decode_state(req)
         peak_kv, peak_mamba = max(peak_kv, self.kv_used()), max(peak_mamba, self.mamba_used())
         release_kv_cache(req, self.cache, checkpoint=True)
         host_tier.poll(self.cache)
         return RequestOutcome(input_len, hit_len, out_len, False,
                               seconds + time.perf_counter() - t0, peak_kv, peak_mamba, host_hit,
                               fetched)
+
+
+def sampling_params(rr: ReplayRequest, out: Sequence[int]):
+    """The request's normalized ``SamplingParams``: ``max_new_tokens`` = its output length,
+    or with ``finish_by_stop`` a stop token (its last output id, which must not occur
+    earlier in the output) and room for ``STOP_HEADROOM`` more tokens."""
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    if not rr.finish_by_stop:
+        params = SamplingParams(temperature=0, max_new_tokens=len(out))
+    else:
+        if out[-1] in out[:-1]:
+            raise ValueError(f"request {rr.rid}: its stop token {out[-1]} occurs before "
+                             "the end of its output")
+        params = SamplingParams(temperature=0, max_new_tokens=len(out) + STOP_HEADROOM,
+                                stop_token_ids=[int(out[-1])])
+    params.normalize(None)                                   # the tokenizer manager's step
+    return params
+
+
+STOP_HEADROOM = 16
 
 
 def _output_token(rid: str, i: int) -> int:

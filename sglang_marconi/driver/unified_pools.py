@@ -49,6 +49,13 @@ class UnifiedConfig:
         return cls(sizes.unified_bytes, sizes.kv_bytes_per_token, sizes.state_bytes,
                    sizes.mamba_slots)
 
+    @classmethod
+    def for_tokens(cls, spec, kv_tokens: int, states: int, mamba_slots: int) -> "UnifiedConfig":
+        """A buffer of ``kv_tokens`` KV tokens' bytes plus room for ``states`` states of
+        ``spec`` (tests), with ``mamba_slots`` slot ids."""
+        return cls(kv_tokens * spec.kv_bytes_per_token + states * spec.ssm_state_bytes,
+                   spec.kv_bytes_per_token, spec.ssm_state_bytes, mamba_slots)
+
     def scaled_state_bytes(self) -> int:
         return max(CONV_BYTES + 4, round(KV_ENTRY_BYTES * self.state_bytes
                                          / self.kv_bytes_per_token))
@@ -128,7 +135,8 @@ def build_unified_pools(pc: PoolConfig, ucfg: UnifiedConfig, keep_global_args: b
         max_mamba_cache_size=slots, max_num_reqs=pc.max_running_requests,
         enable_memory_saver=False, enable_mamba_extra_buffer=pc.extra_buffer,
         enable_mamba_extra_buffer_lazy=False, speculative_num_draft_tokens=None,
-        disable_overlap_schedule=True, need_sort=False,
+        # None: 1 tracking slot per request, as before PoolConfig.overlap_schedule existed
+        disable_overlap_schedule=not pc.overlap_schedule, need_sort=False,
         lazy_compaction=ucfg.lazy_compaction, unified_total_bytes=kv_side,
     )
     allocator = bundle.token_to_kv_pool_allocator

@@ -51,6 +51,9 @@ class ABConfig:
     caches: tuple = ("stock", "stock-python", "marconi")
     unified: object = None             # driver.unified_pools.UnifiedConfig: one byte buffer
     l3: bool = False                   # host tier: an L3 file store per cache (temporary)
+    # SGLang's scheduler loop: overlap (its default) or normal (--disable-overlap-schedule);
+    # what differs for one request at a time: driver.replay.Replayer(overlap=...)
+    overlap: bool = True
 
 
 @dataclass
@@ -214,7 +217,8 @@ def _run_one(name, requests, cfg, progress, per_request, stack) -> dict:
     host_flops = 0.0
     pauses = GCPauses()
     calls = CallTimer(cache, pauses)
-    replayer = Replayer(cache, chunked_prefill_size=cfg.pools.chunked_prefill_size)
+    replayer = Replayer(cache, chunked_prefill_size=cfg.pools.chunked_prefill_size,
+                        overlap=cfg.overlap)
     spec = cfg.spec
     hit = inp = 0
     saved = total_flops = 0.0

@@ -216,6 +216,18 @@ class VictimQueue:
                 self.clock = max(self.clock, key)
         return node
 
+    def suspend_victim(self):
+        """``pop_victim`` for an eviction the caller may not carry out: the victim's entry
+        is suspended (``resume`` restores it) instead of dropped; the GDSF clock advances
+        as for a pop, so an eviction that happens ages the queue as in the simulator."""
+        node = self.peek_victim()
+        if node is not None:
+            key = heapq.heappop(self._heap)[0]
+            self._suspended[node] = self._live.pop(node)
+            if self.mode == "gdsf":
+                self.clock = max(self.clock, key)
+        return node
+
     def ordered(self) -> list:
         """All live candidates, lowest utility first (for tests and debugging; O(n log n)).
         Applies a due refresh first, so this is the order ``pop_victim`` will follow."""

@@ -41,14 +41,13 @@ def sim_pools(sizes) -> dict:
     """``StockSGLangCache`` keyword arguments that give the simulator ``ab``'s pools
     (``driver.sizing.PoolSizes``): the unified buffer's byte budget (``sim_capacity``), or
     the static split's two pools (``kv_tokens`` KV token slots, ``mamba_slots`` state
-    slots: SGLang's ``MambaSlotAllocator`` hands out all of them). ``ab``'s static pools are
-    SGLang's test-kit ``HybridReqToTokenPool`` with the overlap schedule on (its default,
-    a server's too): a request's ping-pong track buffer takes 2 slots up front; its unified
-    pools are built with ``disable_overlap_schedule`` (1 slot)."""
+    slots: SGLang's ``MambaSlotAllocator`` hands out all of them). ``ab`` runs SGLang's
+    default overlap schedule, under which a running request's ping-pong track buffer takes
+    2 slots (``allocation_sizing.get_mamba_tracking_slots``), in both layouts."""
     if sizes.mode == "static":
         return {"capacity_bytes": None, "kv_tokens": sizes.kv_tokens,
                 "state_slots": sizes.mamba_slots, "tracking_slots": 2}
-    return {"capacity_bytes": sim_capacity(sizes)}
+    return {"capacity_bytes": sim_capacity(sizes), "tracking_slots": 2}
 
 
 def ab_argv(trace_path, model: str, cache_gb: float, limit: int | None = None,
@@ -136,7 +135,8 @@ def _pools_lines(res: dict, cache_gb: float, ab_command: str) -> list:
         f"{tree_core}): one {p['unified_bytes']:,}-byte unified "
         f"buffer ({p['unified_bytes'] // page_bytes:,} KV pages of {p['page_size']} tokens, "
         f"a state = {p['state_bytes'] / p['kv_bytes_per_token']:.2f} KV tokens).",
-        f"simulator: policy `sglang`, capacity {cap:,} bytes = the buffer's "
+        f"simulator: policy `sglang:overlap=1` (a running request holds 2 tracking slots, "
+        f"as under ab's default overlap schedule), capacity {cap:,} bytes = the buffer's "
         f"{p['unified_bytes'] // page_bytes:,} whole KV pages x {page_bytes:,} bytes less "
         f"SGLang's reserved state slot 0 ({p['state_bytes']:,} bytes); "
         f"`sim --capacity {cap}` (`--capacity {cache_gb:g}GB` would be "

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Callable, List, Optional
 
 from sglang_marconi.harness.ab import ABConfig, make_cache
-from sglang_marconi.serving.arrivals import arrivals_for_load, arrivals_scaled
+from sglang_marconi.serving.arrivals import arrivals_for_load, arrivals_scaled, decode_batch
 from sglang_marconi.serving.metrics import request_stats
 from sglang_marconi.serving.router import make_router, text_for_input_ids, tokens_within_chars
 from sglang_marconi.serving.router_marconi import COST_ROUTERS, make_cost_router
@@ -137,11 +137,13 @@ class Cluster:
 
 
 def cluster_arrivals(setup, requests, replicas: int, load, rate_scale):
-    """``--load`` is the cluster's: uncached prefill time over ``replicas`` x the span."""
+    """``--load`` is the cluster's: a replica's no-hit busy time (prefill and decode, as
+    ``serving.arrivals`` counts it for one server) over ``replicas`` x the span."""
     if rate_scale is not None:
         return arrivals_scaled(setup.timestamps, rate_scale)
+    batch = decode_batch(requests, setup.sched.max_running_requests, setup.pools.kv_tokens)
     return arrivals_for_load(setup.timestamps, requests, setup.time_model, load * replicas,
-                             setup.seed)
+                             setup.seed, batch, setup.pools.chunked_prefill_size)
 
 
 def build_cluster(cache_name: str, router_name: str, setup, replicas: int,

@@ -4,15 +4,59 @@ TTFT = first token - arrival; queue = start of the first prefill step - arrival;
 over the makespan (first arrival at 0 to the last event); hits and FLOPs saved from each
 request's match at its first admission (what that prefill skipped); step-weighted means
 weight each step by its duration on the virtual clock (GPU + measured cache time).
+
+Load and time under the loop:
+- ``busy_fraction``: the GPU's busy time inside the arrival window (first to last arrival)
+  over that window: what ``--load`` aims at, achieved (``arrivals``: above the load, since
+  small decode batches cost a whole step); ``gpu_busy_fraction`` is the same over the whole
+  makespan (the drain after the last arrival included);
+- ``cpu_critical_fraction``: the fraction of forward steps the GPU waited for the CPU
+  before (``StepRecord.exposed_cpu_s`` > 0): in the normal loop every step with any CPU
+  time; under overlap the steps where processing k-1 + scheduling k took longer than
+  forward k-1, the first batch after idle, a batch after a drained result;
+  ``cpu_exposed_s_total`` sums that wait;
+- ``backlog_growth``: over the later half of the arrivals, the least-squares slope of the
+  number of requests in the server when each arrives (``RequestRecord.backlog``) against
+  its arrival time, divided by the arrival rate there: the fraction of arriving requests
+  that stay in the server instead of being served. A stable server's backlog does not grow
+  (about 0); one that cannot keep up keeps about ``1 - capacity / demand`` of them.
+  ``overloaded`` when it exceeds ``OVERLOAD_GROWTH`` (0.1). SGLang admits prefills first,
+  so an overloaded server starves its decodes: queueing delay stays flat while requests
+  pile up in the running batch, which is why the backlog, not the queue, is watched.
+  Not defined for arrivals all at one instant (0).
 """
 from __future__ import annotations
 
+import numpy as np
+
 from sglang_marconi.harness.timing import quantile
+
+OVERLOAD_GROWTH = 0.1
 
 
 def _weighted_mean(values, weights) -> float:
     total = sum(weights)
     return sum(v * w for v, w in zip(values, weights)) / total if total else 0.0
+
+
+def busy_in_window(steps, t0: float, t1: float) -> float:
+    """The GPU's busy fraction of [t0, t1] (0 for an empty window)."""
+    if t1 <= t0:
+        return 0.0
+    busy = sum(max(0.0, min(t1, s.gpu_start + s.gpu_s) - max(t0, s.gpu_start))
+               for s in steps)
+    return busy / (t1 - t0)
+
+
+def backlog_growth(recs) -> float:
+    """Requests left in the server per request arriving, over the later half of ``recs``
+    (``RequestRecord``s) by arrival (0 with fewer than 4 there or one arrival instant)."""
+    late = sorted(recs, key=lambda r: r.arrival)[len(recs) // 2:]
+    x = np.array([r.arrival for r in late])
+    if len(late) < 4 or np.ptp(x) == 0:
+        return 0.0
+    slope = np.polyfit(x, np.array([r.backlog for r in late], dtype=float), 1)[0]
+    return float(slope / ((len(late) - 1) / np.ptp(x)))
 
 
 def request_stats(recs, spec, span: float) -> dict:
@@ -46,11 +90,22 @@ def summarize(sched, spec, cache: str, load, wall_s: float) -> dict:
     span = sched.now or 1.0
     steps = [s for s in sched.steps if s.kind != "idle"]
     dur = [s.gpu_s + s.cache_s for s in steps]
+    recs = list(sched.records.values())
+    arrivals = [r.arrival for r in recs]
+    growth = backlog_growth(recs)
     return {
         "cache": cache,
         "load": load,
-        **request_stats(list(sched.records.values()), spec, span),
+        **request_stats(recs, spec, span),
         "gpu_busy_fraction": sum(s.gpu_s for s in steps) / span,
+        "busy_fraction": busy_in_window(steps, min(arrivals, default=0.0),
+                                        max(arrivals, default=0.0)),
+        "loop": "overlap" if sched.cfg.overlap else "normal",
+        "cpu_critical_fraction": (sum(1 for s in steps if s.exposed_cpu_s > 0) / len(steps)
+                                  if steps else 0.0),
+        "cpu_exposed_s_total": sum(s.exposed_cpu_s for s in steps),
+        "backlog_growth": growth,
+        "overloaded": growth > OVERLOAD_GROWTH,
         "max_running_requests": sched.cfg.max_running_requests,
         "mean_running": _weighted_mean([s.resident for s in steps], dur),
         "state_slots_by_running_mean": _weighted_mean(

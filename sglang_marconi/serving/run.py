@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from sglang_marconi.driver.pools import PoolConfig
 from sglang_marconi.harness.ab import ABConfig, make_cache
-from sglang_marconi.serving.arrivals import arrivals_for_load, arrivals_scaled
+from sglang_marconi.serving.arrivals import arrivals_for_load, arrivals_scaled, decode_batch
 from sglang_marconi.serving.cluster import run_cluster
 from sglang_marconi.serving.metrics import summarize, ttfts
 from sglang_marconi.serving.scheduler import SchedulerConfig, ServingScheduler
@@ -34,37 +34,47 @@ class ServeSetup:
 
 
 def pool_config(sizes, max_context_len: int, chunked_prefill_size: int = 8192,
-                mamba_track_interval: int = 256) -> PoolConfig:
+                mamba_track_interval: int = 256, overlap: bool = True) -> PoolConfig:
     """The CPU pools for SGLang's ``PoolSizes`` (unified mode: ``max_mamba_cache_size`` and
     the KV tokens the buffer could hold; the buffer itself, and from it the allocator's
-    slot ids, is ``ServeSetup.unified``)."""
+    slot ids, is ``ServeSetup.unified``). ``overlap``: the scheduler loop, which sizes a
+    running request's ping-pong track buffer (2 slots under overlap, 1 without)."""
     return PoolConfig(kv_tokens=sizes.kv_tokens, mamba_slots=sizes.mamba_slots,
                       page_size=sizes.page_size, max_context_len=max_context_len,
                       max_running_requests=sizes.max_running_requests,
                       chunked_prefill_size=chunked_prefill_size,
-                      mamba_track_interval=mamba_track_interval)
+                      mamba_track_interval=mamba_track_interval, overlap_schedule=overlap)
 
 
 def arrivals(setup: ServeSetup, requests, load: Optional[float], rate_scale: Optional[float]):
     if rate_scale is not None:
         return arrivals_scaled(setup.timestamps, rate_scale)
-    return arrivals_for_load(setup.timestamps, requests, setup.time_model, load, setup.seed)
+    return arrivals_for_load(setup.timestamps, requests, setup.time_model, load, setup.seed,
+                             offered_batch(setup, requests), setup.pools.chunked_prefill_size)
+
+
+def offered_batch(setup: ServeSetup, requests) -> int:
+    """The decode batch ``--load`` counts with (``arrivals.decode_batch``)."""
+    return decode_batch(requests, setup.sched.max_running_requests, setup.pools.kv_tokens)
 
 
 def run_serving(name: str, requests, setup: ServeSetup, load=None, rate_scale=None,
-                progress: Optional[Callable] = None, after_step=None):
-    """One run; returns (summary dict, the scheduler with its records)."""
+                progress: Optional[Callable] = None, after_step=None, on_launch=None):
+    """One run; returns (summary dict, the scheduler with its records). ``after_step`` and
+    ``on_launch``: ``ServingScheduler``'s hooks (tests)."""
     cache, _, _ = make_cache(name, ABConfig(pools=setup.pools, spec=setup.spec,
                                             settings=setup.settings, unified=setup.unified))
     times = arrivals(setup, requests, load, rate_scale)
     sched = ServingScheduler(cache, setup.time_model, setup.sched, requests, times,
-                             after_step=after_step)
+                             after_step=after_step, on_launch=on_launch)
     t0 = time.perf_counter()
     sched.run(progress)
     summary = summarize(sched, setup.spec, name,
                         load if rate_scale is None else None, time.perf_counter() - t0)
     if rate_scale is not None:
         summary["rate_scale"] = rate_scale
+    else:
+        summary["offered_decode_batch"] = offered_batch(setup, requests)
     return summary, sched
 
 

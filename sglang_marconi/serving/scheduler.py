@@ -1,8 +1,22 @@
 """SGLang 0.5.23's scheduler loop on CPU, with a virtual clock instead of a forward pass.
 
-``ServingScheduler.step`` is ``Scheduler.event_loop_normal`` (scheduler.py:2026-2060, the
-non-overlap loop): ingest arrived requests, ``get_next_batch_to_run``, run the batch,
-``process_batch_result``. Only this outer loop is written here, in SGLang's order and
+``ServingScheduler.step`` is one iteration of SGLang's scheduler loop:
+
+- ``Scheduler.event_loop_overlap`` (scheduler.py:2061-2134, SGLang's default, and so
+  serve-sim's): ingest; ``get_next_batch_to_run`` forms batch k (matches, admission,
+  allocation, evictions, retraction) while the result of batch k-1 is still queued; launch
+  k and queue ``(batch.copy(), result)``; then process k-1's result. So a request that
+  finished in k-1 keeps its KV row, state slots and tree lock while k is formed, a
+  prefill's requests are merged into the next decode before their first token is on the
+  CPU, requests the queued result finishes by length are left out of k
+  (``_reqs_finishing_inflight``, 4444-4457), a stop-token finisher is decoded once more
+  (one KV slot of overshoot, freed by ``release_kv_cache``), and a request retracted while
+  its result was queued has that result skipped (batch_result_processor.py 343-349,
+  1022-1027);
+- ``Scheduler.event_loop_normal`` (2026-2060, ``--disable-overlap-schedule``): ingest,
+  ``get_next_batch_to_run``, run the batch, ``process_batch_result``.
+
+Only this outer loop is written here, in SGLang's order and
 with the line numbers of the installed 0.5.23 cited at each part; every decision inside
 it is SGLang's own code, called on the real cache and pools of ``driver.pools``:
 
@@ -17,25 +31,34 @@ it is SGLang's own code, called on the real cache and pools of ``driver.pools``:
 What cannot run on CPU, and its replacement:
 - the forward pass (``run_batch``): the GPU time model (``gpu_model``) advances the clock,
   and each request's next output token is the trace's (``ReplayRequest.output_ids``);
+- under overlap, the future map (the next batch reads the previous batch's sampled tokens
+  on the GPU), the forward/schedule streams and their events (``copy_done``, the WAR
+  barrier): the queued result carries the virtual time its forward ends, and processing it
+  first waits for that time (``copy_done.synchronize()``, brp 267-268, 957-958). A step
+  costs max(forward k, CPU of processing k-1 + scheduling k+1) on the clock; the CPU time
+  the GPU waited for is recorded per step (``StepRecord.exposed_cpu_s``);
 - ``prepare_for_decode`` ends with ``track_mask_cpu.pin_memory()`` (schedule_batch.py:3830),
   which needs a CUDA driver: ``Tensor.pin_memory`` is an identity during that call;
 - ``process_batch_result_{prefill,decode}`` (scheduler_components/batch_result_processor.py)
   are methods of the scheduler object (streaming, logprobs, metrics, grammar): the few
-  lines that touch the cache are followed here (cited in ``_process_batch_result``); the
-  decode-track ping-pong is ``driver.replay.Replayer._track_decode_state``.
-Disabled features (SGLang's defaults here): overlap schedule, mixed chunk, priority
-scheduling, LoRA, HiCache, speculative decoding, DP attention, PD disaggregation.
+  lines that touch the cache are followed here (cited in ``_process_batch_result``),
+  the decode-track ping-pong with its overlap lookahead in ``_track_decode_state``.
+Disabled features (SGLang's defaults here): mixed chunk, priority scheduling, LoRA,
+HiCache, speculative decoding, DP attention, PD disaggregation; the consecutive-prefill
+overlap switch (``SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP``) is off, as by default.
 """
 from __future__ import annotations
 
+import heapq
 import types
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import List, Optional
 from unittest import mock
 
 import torch
 
-from sglang_marconi.driver.replay import Replayer, _output_token
+from sglang_marconi.driver.replay import _output_token, sampling_params
 from sglang_marconi.harness.timing import GCPauses
 from sglang_marconi.serving.clock import CacheTimer
 
@@ -51,6 +74,7 @@ class SchedulerConfig:
     # closed loop: at most this many requests in the server (a request is released when
     # one finishes; its arrival is then). 1 with all arrivals at 0 is the serial replay.
     clients: Optional[int] = None
+    overlap: bool = True     # event_loop_overlap (SGLang's default); False: event_loop_normal
 
 
 @dataclass
@@ -67,6 +91,7 @@ class RequestRecord:
     abort_reason: str = ""
     retractions: int = 0
     ended: Optional[float] = None     # finished or aborted: the response is complete
+    backlog: int = 0                  # requests in the server when it arrived, itself included
 
 
 @dataclass
@@ -79,11 +104,15 @@ class StepRecord:
     resident: int          # requests holding a request row (running + chunked)
     state_slots_used: int  # Mamba pool slots in use after the step
     state_slots_tree: int  # of which the tree holds
+    exposed_cpu_s: float = 0.0  # CPU time the GPU waited for before this step's forward
+    gpu_start: float = 0.0      # when its forward starts on the clock
 
 
 class ServingScheduler:
     def __init__(self, cache, time_model, cfg: SchedulerConfig, requests, arrivals,
-                 after_step=None):
+                 after_step=None, on_launch=None):
+        """``after_step(scheduler)`` runs after every step, ``on_launch(batch)`` when a
+        batch is launched (where the forward would run: tests write state markers)."""
         from sglang.srt.managers.schedule_batch import ScheduleBatch
         from sglang.srt.managers.schedule_policy import SchedulePolicy
         from sglang.srt.managers.scheduler_components.new_token_ratio_tracker import (
@@ -94,7 +123,6 @@ class ServingScheduler:
         self.allocator = cache.token_to_kv_pool_allocator
         self.rtp = cache.req_to_token_pool
         self.mamba_allocator = self.rtp.mamba_allocator
-        self.replayer = Replayer(cache, cfg.chunked_prefill_size, cfg.mamba_chunk_size)
         self.policy = SchedulePolicy(cfg.schedule_policy, cache, False, False, False)
         self.ratio = NewTokenRatioTracker.from_config()
         self.model_config = types.SimpleNamespace(
@@ -103,6 +131,14 @@ class ServingScheduler:
         self.gc = GCPauses()  # the replay heap's collections, apart from the cache's time
         self.timer = CacheTimer(cache, cfg.measure_bookkeeping, self.gc)
         self.after_step = after_step
+        self.on_launch = on_launch
+        # what the overlap loop did that the normal loop never does: requests left out of a
+        # batch as finishing in flight, queued results skipped (finished or retracted)
+        self.finishing_inflight = self.skipped_results = 0
+        self.client_aborts: List = []       # heap of (time, rid) of the clients' aborts
+        self.live: dict = {}                # rid -> Req of requests not finished/aborted
+        self.pending_chunked_abort = None   # _pending_chunked_abort_req (scheduler.py 3778)
+        self.aborts_by_stage = Counter()    # the clients' aborts: waiting, chunked, running
         order = sorted(range(len(requests)), key=lambda i: (arrivals[i], i))
         self.pending = [(arrivals[i], requests[i]) for i in reversed(order)]  # a stack
         self.records: dict = {}
@@ -111,28 +147,44 @@ class ServingScheduler:
         self.running = ScheduleBatch(reqs=[], batch_is_full=False)
         self.chunked_req = None
         self.last_batch = None
+        self.result_queue = deque()  # (batch copy, virtual time its forward ends)
+        self.gpu_free = 0.0          # when the GPU finishes the last launched forward
         self.now = 0.0
         self.steps: List[StepRecord] = []
         self.retractions = 0
         self.ingested = self.completed = 0  # requests arrived / finished or aborted
 
-    # -- event_loop_normal (scheduler.py:2026-2060) --------------------------------------
+    # -- the loops ----------------------------------------------------------------------
     def done(self) -> bool:
         return not (self.pending or self.waiting or self.chunked_req is not None
-                    or not self.running.is_empty()
+                    or not self.running.is_empty() or self.result_queue
                     or (self.last_batch is not None and not self.last_batch.is_empty()))
 
     def step(self) -> None:
+        if self.cfg.overlap:
+            self._step_overlap()
+        else:
+            self._step_normal()
+
+    def _wait_for_arrival(self) -> None:
+        """Nothing to run, nothing in flight: the clock moves to the next arrival."""
+        self.now = max(self.now, self.pending[-1][0])
+        self._ingest()
+
+    # event_loop_normal (scheduler.py:2026-2060)
+    def _step_normal(self) -> None:
         self._ingest()                                       # ingest_requests
         if self._idle() and self.pending and not self.in_flight:
-            self.now = max(self.now, self.pending[-1][0])    # nothing to run: next arrival
-            self._ingest()
+            self._wait_for_arrival()
+        self._client_aborts()
         start = self.now
         batch = self._get_next_batch_to_run()
         sched_s = self.timer.take()
         self.now += sched_s
         gpu_s = self._run_batch(batch) if batch is not None else 0.0
         self.now += gpu_s
+        if batch is not None and self.on_launch is not None:
+            self.on_launch(batch)
         if batch is not None:
             self._process_batch_result(batch)
         elif self.waiting and self._idle(ignore_waiting=True):
@@ -140,13 +192,56 @@ class ServingScheduler:
         proc_s = self.timer.take()
         self.now += proc_s
         self.last_batch = batch
+        # the CPU runs in series with the forward: all of it is exposed
+        self._record_step(batch, start, gpu_s, sched_s + proc_s,
+                          0.0 if batch is None else sched_s + proc_s, start + sched_s)
+
+    # event_loop_overlap (scheduler.py:2061-2134)
+    def _step_overlap(self) -> None:
+        self._ingest()                                       # 2080
+        woke = float("-inf")
+        if self._idle() and self.pending and not self.in_flight:
+            self._wait_for_arrival()
+            woke = self.now
+        self._client_aborts()
+        start = self.now
+        batch = self._get_next_batch_to_run()                # 2086-2091
+        sched_s = self.timer.take()
+        self.now += sched_s
+        # is_disable_overlap_for_batch (2136-2171): False (consecutive-prefill switch off,
+        # no grammar, no speculative decoding): the queued result is processed after launch
+        gpu_s = exposed = 0.0
+        gpu_start = self.now
+        if batch is not None:                                # 2107-2111: launch, queue
+            gpu_s = self._run_batch(batch)
+            # the GPU starts batch k when the CPU launches it and batch k-1 is done; the
+            # CPU time it waited for is exposed (first batch after idle, a drained result)
+            exposed = max(0.0, self.now - max(self.gpu_free, woke))
+            gpu_start = max(self.now, self.gpu_free)
+            self.gpu_free = gpu_start + gpu_s
+            if self.on_launch is not None:
+                self.on_launch(batch)
+            self.result_queue.append((batch.copy(), self.gpu_free))
+        if self.last_batch is not None:                      # 2116-2118: process k-1
+            prev, ready = self.result_queue.popleft()
+            self.now = max(self.now, ready)                  # copy_done.synchronize()
+            self._process_batch_result(prev)
+        elif batch is None and self.waiting and self._idle(ignore_waiting=True):
+            self._abort(self.waiting.pop(0), "does not fit the pools")  # on_idle
+        proc_s = self.timer.take()
+        self.now += proc_s
+        self.last_batch = batch                              # 2127
+        self._record_step(batch, start, gpu_s, sched_s + proc_s, exposed, gpu_start)
+
+    def _record_step(self, batch, start, gpu_s, cache_s, exposed, gpu_start) -> None:
         tree = self.cache.mamba_evictable_size() + self.cache.mamba_protected_size()
         used = self.mamba_allocator.size - self.mamba_allocator.available_size()
         kind = "idle" if batch is None else ("decode" if batch.forward_mode.is_decode()
                                              else "extend")
-        self.steps.append(StepRecord(kind, start, gpu_s, sched_s + proc_s,
+        self.steps.append(StepRecord(kind, start, gpu_s, cache_s,
                                      0 if batch is None else batch.batch_size(),
-                                     self.rtp.size - self.rtp.available_size(), used, tree))
+                                     self.rtp.size - self.rtp.available_size(), used, tree,
+                                     exposed, gpu_start))
         if self.after_step is not None:
             self.after_step(self)
 
@@ -177,7 +272,6 @@ class ServingScheduler:
 
     def _ingest(self) -> None:
         from sglang.srt.managers.schedule_batch import Req
-        from sglang.srt.sampling.sampling_params import SamplingParams
 
         while self.pending and self.pending[-1][0] <= self.now:
             if self.cfg.clients is not None and self.in_flight >= self.cfg.clients:
@@ -186,11 +280,11 @@ class ServingScheduler:
             arrival = max(arrival, self.now) if self.cfg.clients is not None else arrival
             self.ingested += 1
             out = list(rr.output_ids) or [_output_token(rr.rid, 0)]
-            rec = RequestRecord(rr.rid, arrival, len(rr.input_ids), len(out))
+            rec = RequestRecord(rr.rid, arrival, len(rr.input_ids), len(out),
+                                backlog=self.in_flight)
             self.records[rr.rid] = rec
             self.outputs[rr.rid] = out
-            params = SamplingParams(temperature=0, max_new_tokens=len(out))
-            params.normalize(None)                           # the tokenizer manager's step
+            params = sampling_params(rr, out)
             req = Req(rid=rr.rid, origin_input_text="", origin_input_ids=rr.input_ids,
                       sampling_params=params)
             if rec.input_len + rec.output_len > self.allocator.size - 2 * self.allocator.page_size:
@@ -199,15 +293,68 @@ class ServingScheduler:
                 self.completed += 1
                 continue
             self.waiting.append(req)                         # _add_request_to_queue
+            self.live[rr.rid] = req
+            if rr.abort_after_s is not None:
+                heapq.heappush(self.client_aborts, (arrival + rr.abort_after_s, rr.rid))
 
     def _abort(self, req, why: str) -> None:
         rec = self.records[req.rid]
         rec.aborted, rec.abort_reason = True, why
         rec.ended = self.now
         self.completed += 1
+        self.live.pop(req.rid, None)
+
+    # -- abort_request (scheduler.py:5675-5812, not disaggregated) ------------------------
+    def _client_aborts(self) -> None:
+        """The clients' aborts due by now, as ``AbortReq``s the scheduler receives."""
+        while self.client_aborts and self.client_aborts[0][0] <= self.now:
+            _, rid = heapq.heappop(self.client_aborts)
+            req = self.live.get(rid)
+            if req is not None:
+                self._abort_request(req)
+
+    def _abort_request(self, req) -> None:
+        from sglang.srt.mem_cache.common import release_kv_cache
+
+        if self.chunked_req is req:                          # 5676-5678
+            self.pending_chunked_abort = req
+            self.aborts_by_stage["chunked"] += 1
+        if any(r is req for r in self.waiting):              # 5685-5722: method 1
+            self.aborts_by_stage["waiting"] += 1
+            self.waiting = [r for r in self.waiting if r is not req]
+            if req.kv.holds_mamba:
+                release_kv_cache(req, self.cache, checkpoint=False)
+            self._abort(req, "client abort")
+            return
+        inflight = [self.running, self.last_batch]           # collect_inflight_reqs 5657-5673
+        if any(b is not None and any(r is req for r in b.reqs) for b in inflight):
+            if not req.finished():                           # 5797-5811: method 3
+                from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+                req.to_finish = FINISH_ABORT()
+                self.aborts_by_stage["running"] += self.chunked_req is not req
+
+    def _process_pending_chunked_abort(self) -> None:
+        """scheduler.py:3778-3822: the chunk already launched is drained by its result."""
+        from sglang.srt.mem_cache.common import release_kv_cache
+        from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+        req, self.pending_chunked_abort = self.pending_chunked_abort, None
+        if req is None:
+            return
+        if self.chunked_req is not req:                      # 3795-3805
+            if not (req.finished() or not req.kv.holds_kv):
+                self._abort_request(req)
+            return
+        req.finished_reason = FINISH_ABORT("Aborted")        # prepare_abort
+        req.to_finish = None
+        release_kv_cache(req, self.cache, checkpoint=False)
+        self.chunked_req = None
+        self._abort(req, "client abort")
 
     # -- get_next_batch_to_run (scheduler.py:3894-4012) ----------------------------------
     def _get_next_batch_to_run(self):
+        self._process_pending_chunked_abort()                # 3897
         exclude = []
         if self.chunked_req is not None:                     # 3911-3919
             exclude.append(self.chunked_req)
@@ -316,7 +463,7 @@ class ServingScheduler:
             if rec.admitted is None:
                 rec.admitted, rec.hit_len = self.now, req.prefix_len
         batch = ScheduleBatch.init_new(                      # 4335-4350
-            can_run, self.rtp, self.allocator, self.cache, self.model_config, False,
+            can_run, self.rtp, self.allocator, self.cache, self.model_config, self.cfg.overlap,
             SpeculativeAlgorithm.NONE, chunked_req=self.chunked_req)
         batch.contains_last_prefill_chunk = self.chunked_req is None or len(can_run) != 1
         batch.prepare_for_extend()
@@ -324,12 +471,28 @@ class ServingScheduler:
         return batch
 
     # -- update_running_batch (scheduler.py:4459-4555) -----------------------------------
+    def _reqs_finishing_inflight(self, batch) -> list:
+        """scheduler.py:4444-4457: requests the queued result finishes by length."""
+        if not self.cfg.overlap or not self.result_queue:
+            return []
+        assert len(self.result_queue) == 1
+        queued = set(self.result_queue[0][0].reqs)
+        return [r for r in batch.reqs if r in queued and r.next_output_finishes_by_length()]
+
     def _update_running_batch(self, batch):
         initial_bs = batch.batch_size()
+        finishing = self._reqs_finishing_inflight(batch)    # 4463-4467
+        self.finishing_inflight += len(finishing)
+        batch.filter_batch(reqs_to_exclude=finishing)
         if batch.is_empty():
             batch.batch_is_full = False
             return batch
-        if not batch.check_decode_mem():
+        kv_full = not batch.check_decode_mem()
+        if kv_full and finishing:                            # 4469-4473
+            # the queued result frees the finishing requests' KV at the end of this step
+            batch.batch_is_full = False
+            return None
+        if kv_full:
             retracted, new_ratio, to_abort = batch.retract_decode()
             self.ratio.current = new_ratio
             for req in to_abort:
@@ -357,28 +520,59 @@ class ServingScheduler:
 
     # -- process_batch_result (scheduler.py:5074-5100) -----------------------------------
     def _process_batch_result(self, batch) -> None:
+        """The cache's lines of ``process_batch_result_prefill`` (brp 281-450) and
+        ``process_batch_result_decode`` (brp 952-1100) for a batch as it was launched (under
+        overlap the queued ``batch.copy()``, processed one step later)."""
+        from sglang.srt.managers.schedule_batch import FINISH_ABORT
         from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
 
         decode = batch.forward_mode.is_decode()
-        for req in batch.reqs:
+        for i, req in enumerate(batch.reqs):
             if decode:
-                # process_batch_result_decode: the ping-pong track update (1389-1405,
-                # 1561-1577) happens for the step's boundary before the release
-                self.replayer._track_decode_state(req)
+                if self.cfg.overlap and (req.finished() or req.is_retracted):
+                    self.skipped_results += 1
+                    continue                                 # brp 1022-1027
+            elif (req.finished() and req.inflight_middle_chunks <= 0) or req.is_retracted:
+                continue                                     # brp 343-349
             elif req.inflight_middle_chunks > 0:
-                # process_batch_result_prefill, chunked branch (~425-445)
-                req.inflight_middle_chunks -= 1
-                continue
-            elif req.finished() or req.is_retracted:
+                req.inflight_middle_chunks -= 1              # brp 426-431: chunked branch
                 continue
             rec = self.records[req.rid]
             req.output_ids.append(int(self.outputs[req.rid][len(req.output_ids)]))
             req.update_finish_state()
+            if decode:
+                # _handle_finish_state_updated_req (brp 1366-1427): the ping-pong track
+                # update for the step's boundary happens before the release
+                self._track_decode_state(batch, i, req)
             if rec.first_token is None:
                 rec.first_token = self.now
-            if req.finished():                               # prefill ~376-383, decode
+            if req.finished():                               # prefill 376-383, decode 1459
                 release_kv_cache(req, self.cache, checkpoint=True)
-                rec.finished = rec.ended = self.now
-                self.completed += 1
+                if isinstance(req.finished_reason, FINISH_ABORT):  # a client's abort
+                    self._abort(req, "client abort")
+                else:
+                    rec.finished = rec.ended = self.now
+                    self.completed += 1
+                    self.live.pop(req.rid, None)
             elif not decode:
-                checkpoint_kv_cache(req, self.cache)         # prefill ~384-386
+                checkpoint_kv_cache(req, self.cache)         # prefill 384-386
+
+    def _track_decode_state(self, batch, i: int, req) -> None:
+        """brp 1376-1427 and ``_mamba_prefix_cache_update`` (1527-1580), non-lazy, no
+        speculative decoding. ``lookahead`` is 1 when the next decode batch was prepared
+        before this result (overlap): the snapshot this step completed is at
+        ``kv_committed_len - lookahead``, and ``mamba_track_mask_next_cpu`` tells whether
+        the batch already in flight is at a boundary (then the next slot is swapped now)."""
+        if batch.mamba_track_mask_cpu is None or req.kv.mamba_ping_pong_track_buffer is None:
+            return                                           # no extra_buffer
+        completed = bool(batch.mamba_track_mask_cpu[i])
+        lookahead = req.decode_batch_idx - batch.mamba_decode_batch_idx_cpu[i]
+        assert lookahead in (0, 1), f"{req.rid}: overlap lookahead {lookahead}"
+        known = completed if lookahead == 0 else bool(batch.mamba_track_mask_next_cpu[i])
+        if completed:
+            req.kv.mamba_last_track_idx = batch.mamba_track_buffer_indices[i]
+            req.kv.mamba_prev_track_seqlen = req.kv.mamba_last_track_seqlen
+            req.kv.mamba_last_track_seqlen = req.kv.kv_committed_len - lookahead
+        if known:                                            # known_boundary=True (1550-1580)
+            req.kv.mamba_next_track_idx = self.rtp.get_mamba_ping_pong_other_idx(
+                req.kv.mamba_next_track_idx)

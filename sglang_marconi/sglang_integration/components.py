@@ -154,7 +154,10 @@ class _ScoredQueue:
     # leave the queue through ``evict_component`` / the leaf set; the rest are resumed
     # at the walk's end with the keys they had.
     def _hand_over(self, node) -> None:
-        self.queue.suspend(node)
+        if self.queue.peek_victim() is node:
+            self.queue.suspend_victim()  # the queue's top: aged as a pop (GDSF clock)
+        else:
+            self.queue.suspend(node)     # a victim SGLang's tree core re-selected
         self._handed.append(node)
 
     def _resume_handed(self) -> None:

@@ -8,7 +8,7 @@
   lcm(64, ``page``) (--page-size, 64), the last prefill chunk's state, the last
   decode-track snapshot (``track``, --mamba-track-interval, 256), LRU over the tree's
   leaves; ``overlap=1``: the running request holds the second tracking slot of SGLang's
-  overlap scheduler (default 0, as ``ab`` replays). ``kv_tokens=K:state_slots=S`` (both):
+  overlap scheduler (default 0; ``ab``'s default overlap loop matches ``overlap=1``). ``kv_tokens=K:state_slots=S`` (both):
   SGLang's default static two pools instead of the byte budget (a KV pool of K token
   slots, a state pool of S slots, what ``ab --memory static`` builds; the capacity is then
   ignored; a state shortage runs SGLang's MAMBA walk). Takes no ``max_states`` and ignores

@@ -37,7 +37,9 @@ def _replay(cfg, server, record, tmp_path) -> list:
             "--chunked-prefill-size", str(info["chunked_prefill_size"]),
             "--mamba-track-interval", str(info["mamba_track_interval"]),
             "--mamba-radix-cache-strategy", info["mamba_radix_cache_strategy"],
-            "--caches", policy, "--json", "--per-request", "--no-progress"]
+            "--caches", policy, "--json", "--per-request", "--no-progress",
+            # the server's loop: the replay follows it (order, tracking slots)
+            *(["--disable-overlap-schedule"] if info["disable_overlap_schedule"] else [])]
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert sglang_marconi_cli(argv) == 0
