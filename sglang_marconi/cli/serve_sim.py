@@ -20,6 +20,7 @@ from sglang_marconi.errors import UserError
 from sglang_marconi.model import resolve_model
 from sglang_marconi.serving.gpu_model import PRESETS, GpuTimeModel, preset
 from sglang_marconi.serving.router import ROUTERS, make_router
+from sglang_marconi.serving.router_marconi import BRANCH_WEIGHT, LOAD_PENALTY, CostRouter
 from sglang_marconi.sim.traces import read_trace
 
 COLUMNS = (  # (header, key, format)
@@ -112,8 +113,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--caches", default="stock,marconi,marconi+",
                         help=f"comma-separated subset of {', '.join(CACHE_NAMES)}")
     r = parser.add_argument_group(
-        "replicas behind a router (serving/cluster.py; the router is a re-implementation "
-        "of sglang-router 0.3.2, serving/router.py)")
+        "replicas behind a router (serving/cluster.py; cache_aware, round_robin, random "
+        "re-implement sglang-router 0.3.2, serving/router.py; marconi and oracle score "
+        "prefill FLOPs saved, serving/router_marconi.py)")
     r.add_argument("--replicas", type=_positive, default=1,
                    help="independent SGLang servers (each --cache-gb, its own cache); "
                         "--load is then the cluster's")
@@ -132,6 +134,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "never)")
     r.add_argument("--router-max-tree-size", type=_positive, default=1 << 26,
                    help="cache_aware: characters kept per replica at each trim")
+    r.add_argument("--router-load-penalty", type=float, default=LOAD_PENALTY,
+                   help="marconi, oracle: score = prefill FLOPs saved - this x the "
+                        "replica's queued prefill FLOPs (1: TTFT-greedy)")
+    r.add_argument("--router-branch-weight", type=float, default=BRANCH_WEIGHT,
+                   help="marconi, oracle: add this x the FLOPs a hit on the branch point "
+                        "the request would checkpoint there would save (0: reuse only)")
     parser.add_argument("--limit", type=_positive, default=None,
                         help="only the first N requests")
     parser.add_argument("--bookkeeping", choices=("measured", "off"), default="measured",
@@ -227,7 +235,8 @@ def _run(args) -> int:
                         "--replicas / --router")
     if routers is not None:
         options = router_options(args)
-        make_router("cache_aware", ["check"], **options)     # bad thresholds: fail early
+        make_router("cache_aware", ["check"], **options["cache_aware"])  # bad flags: fail early
+        CostRouter(["check"], None, **options["marconi"])
     requests, setup, sizes = build_setup(args)
     config = {"trace": str(args.trace), "model": setup.spec.name, "requests": len(requests),
               "gpu": setup.time_model.gpu.as_dict(), "pools": sizes.as_dict(),
@@ -254,12 +263,16 @@ def _run(args) -> int:
 
 
 def router_options(args) -> dict:
-    """cache_aware's thresholds from the ``--router-*`` flags."""
-    return {"cache_threshold": args.router_cache_threshold,
-            "balance_abs_threshold": args.router_balance_abs_threshold,
-            "balance_rel_threshold": args.router_balance_rel_threshold,
-            "eviction_interval_secs": args.router_eviction_interval_secs,
-            "max_tree_size": args.router_max_tree_size}
+    """Router name -> its options from the ``--router-*`` flags (marconi and oracle keep
+    cache_aware's balance guard, same thresholds)."""
+    balance = {"balance_abs_threshold": args.router_balance_abs_threshold,
+               "balance_rel_threshold": args.router_balance_rel_threshold}
+    cost = {**balance, "load_penalty": args.router_load_penalty,
+            "branch_weight": args.router_branch_weight}
+    return {"cache_aware": {"cache_threshold": args.router_cache_threshold, **balance,
+                            "eviction_interval_secs": args.router_eviction_interval_secs,
+                            "max_tree_size": args.router_max_tree_size},
+            "marconi": cost, "oracle": dict(cost)}
 
 
 def _run_cluster(args, requests, setup, sizes, caches, loads, routers, options,

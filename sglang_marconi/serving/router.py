@@ -42,7 +42,8 @@ import numpy as np
 from sglang_marconi.errors import UserError
 from sglang_marconi.serving.router_tree import CharTree
 
-ROUTERS = ("cache_aware", "round_robin", "random")
+ROUTERS = ("cache_aware", "round_robin", "random", "marconi", "oracle")  # the last two:
+# serving/router_marconi.py (built by serving.cluster: they need the replicas' sizes/caches)
 
 
 def text_for_input_ids(input_ids: Sequence[int]) -> str:
@@ -67,10 +68,11 @@ def tokens_within_chars(input_ids: Sequence[int], chars: int) -> int:
 class Decision:
     """One routing decision: the worker index, which rule chose it, the tree's belief."""
     worker: int
-    rule: str                     # "balance" | "cache_hit" | "min_load" | "round_robin" | "random"
+    rule: str   # "balance" | "cache_hit" | "min_load" | "round_robin" | "random" | "flops_hit" | "flops_load"
     matched_chars: int = 0
     input_chars: int = 0
     ambiguous: bool = False       # a cache hit whose tenant was a hash-order pick (router_tree)
+    believed_tokens: Optional[int] = None   # tokens it expected the worker to reuse (marconi, oracle)
 
 
 def f32(x) -> np.float32:
@@ -194,11 +196,15 @@ class RandomRouter:
 
 
 def make_router(name: str, workers: Sequence[str], seed: int = 0, **cache_aware_options):
-    """One of ``ROUTERS`` for ``workers`` (cache_aware takes the threshold options)."""
+    """cache_aware, round_robin or random for ``workers`` (cache_aware takes the threshold
+    options)."""
     if name == "cache_aware":
         return CacheAwareRouter(workers, **cache_aware_options)
     if name == "round_robin":
         return RoundRobinRouter(workers)
     if name == "random":
         return RandomRouter(workers, seed)
+    if name in ROUTERS:
+        raise ValueError(f"router {name} needs the replicas: serving.cluster.build_cluster "
+                         "builds it (serving/router_marconi.py)")
     raise UserError(f"--router: unknown router {name!r} (choose from {', '.join(ROUTERS)})")

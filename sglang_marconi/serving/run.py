@@ -101,12 +101,13 @@ def run_grid(requests, setup: ServeSetup, caches, loads, rate_scale=None,
 def run_cluster_grid(requests, setup: ServeSetup, replicas: int, routers, caches, loads,
                      rate_scale=None, router_options=None, show_progress: bool = True) -> list:
     """Every router x cache at every load (or at ``rate_scale``) on ``replicas`` replicas
-    (``serving.cluster``); returns the summaries."""
+    (``serving.cluster``); returns the summaries. ``router_options``: router name -> its
+    keyword options (a router not named gets its defaults)."""
     runs = []
     points = [(None, rate_scale)] if rate_scale is not None else [(x, None) for x in loads]
     for load, scale in points:
         for router in routers:
-            options = router_options if router == "cache_aware" else None
+            options = (router_options or {}).get(router)
             for name in caches:
                 label = f"{router}/{name}@{load if scale is None else f'x{scale:g}'}"
                 with tqdm(total=len(requests), desc=f"{label:>24}", unit="req",
