@@ -29,12 +29,12 @@ from sglang_marconi.driver.sizing import size_pools  # noqa: E402
 from sglang_marconi.model import resolve_model  # noqa: E402
 from sglang_marconi.reports import baseline_agreement as agreement  # noqa: E402
 from sglang_marconi.sim.traces import read_trace  # noqa: E402
+from sglang_marconi.sim.sweeps import MOONCAKE_TRACE  # noqa: E402
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", default=str(ROOT.parent / "shared" / "traces" / "mooncake"
-                                           / "synthetic_trace.jsonl"))
+    ap.add_argument("--trace", default=str(MOONCAKE_TRACE))
     ap.add_argument("--model", default="paper-7b")
     ap.add_argument("--cache-gb", type=float, default=100.0,
                     help="ab's --cache-gb (GiB, SGLang's unit); default 100")

@@ -23,13 +23,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sglang_marconi.reports import serving_report  # noqa: E402
+from sglang_marconi.sim.sweeps import MOONCAKE_TRACE  # noqa: E402
 
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", default=str(ROOT.parent / "shared" / "traces" / "mooncake"
-                                           / "synthetic_trace.jsonl"))
+    ap.add_argument("--trace", default=str(MOONCAKE_TRACE))
     ap.add_argument("--models", default="paper-7b,qwen3_next")
     ap.add_argument("--gpu", default="h200")
     ap.add_argument("--cache-gb", default="100")

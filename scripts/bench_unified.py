@@ -17,12 +17,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sglang_marconi.reports import unified_bench, unified_markdown  # noqa: E402
+from sglang_marconi.sim.sweeps import MOONCAKE_TRACE  # noqa: E402
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", default=str(ROOT.parent / "shared" / "traces" / "mooncake"
-                                           / "synthetic_trace.jsonl"))
+    ap.add_argument("--trace", default=str(MOONCAKE_TRACE))
     ap.add_argument("--limit", type=int, default=None, help="first N requests of the trace")
     ap.add_argument("--processes", type=int, default=2)
     ap.add_argument("--out", default="bench_unified.jsonl", help="JSON lines, one per cell "
