@@ -28,7 +28,8 @@ MODEL = "paper-7b"
 MOONCAKE_CAPS = (50e9, 100e9, 200e9)
 MAIN_POLICIES = ("marconi+", "sglang", "paper-sglang+", "marconi", "infinite", "offline")
 STOCK, LRU = "sglang", "paper-sglang+"  # the two denominators
-ABLATIONS = ("marconi+", "marconi+:ghost=0", "marconi+:end_threshold=0", "marconi+:chain=1",
+ABLATIONS = ("marconi+", "marconi+:ghost=0", "marconi+:end_threshold=0", "marconi+:chain=0",
+             "marconi+:chain=1",
              "marconi+:bonus=0", "marconi+:half_life=500")
 GENERATORS = ("chat", "agent", "shared-prompt", "fork-join")
 GEN_TARGETS = (0.25, 0.5, 0.75)
@@ -68,7 +69,7 @@ def run(jobs: int, mooncake_path=None, quick: bool = False, progress: bool = Tru
             for p in (STOCK, LRU, "marconi", "marconi+"):
                 gen_keys[(w.label, t, p)] = add(Task(MODEL, w, cap, p))
     chain_keys = {p: add(Task(MODEL, gens[0], int(4e9), p))
-                  for p in (STOCK, LRU, "marconi+", "marconi+:chain=1")}
+                  for p in (STOCK, LRU, "marconi+", "marconi+:chain=0", "marconi+:chain=1")}
     drift_cap = cal[drift.label]["capacities"][1]
     online_pols = (["marconi"] + [p for _, p, _ in ONLINE_VARIANTS]
                    + [f"marconi:alpha={a:g}" for a in FIXED_ALPHAS])
