@@ -17,8 +17,9 @@ Two online estimators, both from what the cache itself observes:
 - ``ChainUsefulness``: among requests that share a prefix with a remembered sequence, the
   Beta(1, 1)-smoothed fraction that leave it in the middle of an edge of the ghost index (a
   point no earlier request branched at). The chain weight is that rate on a power-of-two
-  scale (1, 1/2, ... 1/64, then 0), moved only when the rate leaves the band [w/2, 2w]
-  around the current weight: victim keys hold the weight, and a move re-keys the chain
+  scale (1, 1/2, ... 1/64, then 0), moved only when the rate leaves the band
+  [w / 2^0.75, w * 2^0.75] around the current weight w (a quarter of a step past the
+  rounding edge): victim keys hold the weight, and a move re-keys the chain
   states (``ReuseWeight.observe_request`` says when), which then happens a few times per
   run, not per request.
 - ``EndStateUsefulness``: how often the state after a request's last token is later reused
@@ -68,6 +69,7 @@ def weight_level(rate: float) -> float:
 
 
 CHAIN_LEVEL_FLOOR = 2.0 ** -7
+CHAIN_BAND = 2.0 ** 0.75  # the weight moves when the rate leaves [w / band, w * band]
 
 
 class ReuseWeight:
@@ -91,13 +93,15 @@ class ReuseWeight:
             return False
         self.chains.observe_request(ghost)
         rate, w = self.chains.rate, self.chain_weight
-        if (rate > 2 * w) if w else rate >= 2 * CHAIN_LEVEL_FLOOR:
-            moved = True
+        if w:
+            outside = rate > w * CHAIN_BAND or rate < w / CHAIN_BAND
         else:
-            moved = bool(w) and rate < w / 2
-        if moved:
-            self.chain_weight = weight_level(rate)
-        return moved
+            outside = rate >= CHAIN_LEVEL_FLOOR * CHAIN_BAND / 2  # a quarter step past 0's edge
+        new = weight_level(rate)
+        if not outside or new == w:
+            return False
+        self.chain_weight = new
+        return True
 
     @staticmethod
     def is_chain(node) -> bool:
