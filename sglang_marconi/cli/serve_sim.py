@@ -119,6 +119,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--replicas", type=_positive, default=1,
                    help="independent SGLang servers (each --cache-gb, its own cache); "
                         "--load is then the cluster's")
+    r.add_argument("--dp-size", type=_positive, default=1,
+                   help="SGLang's in-server data parallelism: N DP ranks (each its own "
+                        "scheduler, pools and cache) behind its DP controller's round-robin "
+                        "(router dp_round_robin); not with --replicas / --router")
     r.add_argument("--router", default=None,
                    help=f"comma-separated subset of {', '.join(ROUTERS)} (default with "
                         "--replicas > 1: cache_aware, the router's default)")
@@ -225,6 +229,11 @@ def _run(args) -> int:
         raise UserError(f"--rate-scale: expected a number >= 0, got {args.rate_scale}")
     loads = _loads(args.load)
     routers = _routers(args.router) if args.router is not None else None
+    if args.dp_size > 1:
+        if args.replicas > 1 or routers is not None:
+            raise UserError("--dp-size (one server's DP ranks behind its own controller) does "
+                            "not combine with --replicas / --router")
+        args.replicas, routers = args.dp_size, ("dp_round_robin",)
     if routers is None and args.replicas > 1:
         routers = ("cache_aware",)
     if routers is not None and args.clients is not None:
