@@ -1,7 +1,7 @@
 """The ``marconi`` router (``serving/router_marconi.py``) rule by rule: reuse truncated to the
 checkpoints it knows were created (request ends, chunk ends, branch points), corrected by
 the cached-token count each response reports, FLOPs saved against queued prefill FLOPs,
-cache_aware's balance guard, lowest index on ties, bounded records, determinism. The oracle
+cache_aware's balance guard, ties to the least queued, the fewest in flight, the lowest index, bounded records, determinism. The oracle
 tests (read-only walk) and the CLI rows are in tests/test_cluster_routers.py."""
 from __future__ import annotations
 
@@ -184,3 +184,13 @@ def test_bad_options_are_user_errors(paper_spec):
         router(paper_spec, load_penalty=-1)
     with pytest.raises(UserError, match="--router-branch-weight"):
         router(paper_spec, branch_weight=float("nan"))
+
+
+def test_ties_go_to_the_least_queued_then_the_fewest_in_flight(paper_spec):
+    r = router(paper_spec, load_penalty=0.0)   # every score is 0 without reuse: all tie
+    d = r.route_request("a", ids(0, 2000), [0, 0, 0])
+    assert d.worker == 0                       # nothing queued anywhere: the lowest index
+    d = r.route_request("b", ids(10_000, 500), [1, 0, 0])
+    assert d.worker == 1                       # replica 0 has a's prefill queued
+    r.prefill_done("a"), r.prefill_done("b")   # nothing queued: the fewest in flight
+    assert r.route_request("c", ids(20_000, 500), [1, 1, 0]).worker == 2

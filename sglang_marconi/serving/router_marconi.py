@@ -17,7 +17,8 @@ score(k) = flops_saved(reusable tokens on k)
   past the reusable state, SGLang snapshots a state there during this prefill
   (``sglang_branch_point``); the next request with this prefix reuses it only if it goes to
   k too. ``branch_weight`` values that future hit (0: score today's reuse only).
-- ties: the lowest replica index. Every call is O(replicas x blocks of the request).
+- ties: the least queued prefill FLOPs, then the fewest requests in flight, then the
+  lowest replica index. Every call is O(replicas x blocks of the request).
 
 ``marconi`` (``MarconiRouter``) knows only what a router can know. Per replica it keeps
 a record of what it sent there as chained hashes of the request's tokens in blocks of the
@@ -213,7 +214,10 @@ class CostRouter:
         else:
             scores = [self.score(k, *views[k], len(input_ids))
                       for k in range(len(self.workers))]
-            idx = max(range(len(scores)), key=lambda k: (scores[k], -k))
+            # ties (e.g. no reuse anywhere): the least queued prefill, then the fewest in
+            # flight (cache_aware's low-match rule), then the lowest index
+            queued = [self.queued_flops(k) for k in range(len(self.workers))]
+            idx = max(range(len(scores)), key=lambda k: (scores[k], -queued[k], -loads[k], -k))
             rule = "flops_hit" if views[idx][0] > 0 else "flops_load"
         believed, kv = views[idx]
         flops = self.spec.prefill_flops(len(input_ids)) - self.spec.prefill_flops(believed)
