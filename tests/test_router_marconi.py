@@ -1,8 +1,9 @@
 """The ``marconi`` router (``serving/router_marconi.py``) rule by rule: reuse truncated to the
 checkpoints it knows were created (request ends, chunk ends, branch points), corrected by
 the cached-token count each response reports, FLOPs saved against queued prefill FLOPs,
-cache_aware's balance guard, ties to the least queued, the fewest in flight, the lowest index, bounded records, determinism. The oracle
-tests (read-only walk) and the CLI rows are in tests/test_cluster_routers.py."""
+cache_aware's balance guard, ties (the least queued, then the fewest in flight, then the
+lowest index), bounded records, determinism. The oracle tests (read-only walk) and the CLI
+rows are in tests/test_cluster_routers.py."""
 from __future__ import annotations
 
 import pytest
