@@ -6,7 +6,8 @@ cache_aware + stock, P95 TTFT <= 0.8x, marconi within 10% of the oracle's FLOPs 
 
 A benchmark, not a test: it exits 0 whatever the targets say. Each (model, N) is one
 in-process ``serve-sim`` call; its rows are appended to ``--out`` (JSON lines), and a rerun
-skips the (model, N) already there for the same slice, so a long grid can be resumed.
+skips a (model, N) whose router x cache rows are all there for the same slice, so a long
+grid can be resumed or filled in by parts.
 ``--skip S --limit L`` replays requests S .. S+L-1 of the trace only (the arrivals are
 rescaled to the load over that slice): a slice held out from the one the router was
 tuned on. The default is a short slice (the first 200 requests) that fits a shared 2-core
@@ -133,12 +134,15 @@ def main(argv=None) -> int:
     done = [json.loads(ln) for ln in out.read_text().splitlines()] if out.exists() else []
     key = {"skip": args.skip, "limit": args.limit, "memory": args.memory,
            "load": args.load, "cache_gb": args.cache_gb}
+    wanted = {(router, cache) for router in args.routers.split(",")
+              for cache in args.caches.split(",")}
     with tempfile.TemporaryDirectory() as tmp:
         trace = slice_trace(Path(args.trace), args.skip, args.limit, Path(tmp) / "slice.jsonl")
         for model in args.models.split(","):
             for n in (int(x) for x in args.replicas.split(",")):
-                if any(r["model"] == model and r["replicas"] == n
-                       and all(r.get(k) == v for k, v in key.items()) for r in done):
+                have = {(r["router"], r["cache"]) for r in done if r["model"] == model
+                        and r["replicas"] == n and all(r.get(k) == v for k, v in key.items())}
+                if wanted <= have:
                     continue
                 for run in run_cell(trace, model, n, args):
                     row = {"model": model, **key, **run}
@@ -147,8 +151,10 @@ def main(argv=None) -> int:
                         f.write(json.dumps(row) + "\n")
                 print(f"done: {model} N={n}", file=sys.stderr, flush=True)
     rows = [r for r in done if all(r.get(k) == v for k, v in key.items())
-            and r["model"] in args.models.split(",")
+            and r["model"] in args.models.split(",") and (r["router"], r["cache"]) in wanted
             and str(r["replicas"]) in args.replicas.split(",")]
+    latest = {(r["model"], r["replicas"], r["router"], r["cache"]): r for r in rows}
+    rows = list(latest.values())      # a cell run twice: its last run
     what = "whole trace" if args.limit is None else f"{args.limit} requests"
     print(f"{what} from request {args.skip}, {args.memory} memory, {args.cache_gb:g} GB per "
           f"replica, {args.gpu}, cluster load {args.load}")
