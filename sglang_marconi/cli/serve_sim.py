@@ -144,6 +144,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--router-branch-weight", type=float, default=BRANCH_WEIGHT,
                    help="marconi, oracle: add this x the FLOPs a hit on the branch point "
                         "the request would checkpoint there would save (0: reuse only)")
+    r.add_argument("--router-affinity-threshold", type=float, default=None,
+                   help="marconi, oracle: instead of the score, cache_aware's rule in FLOPs: "
+                        "the replica where the request would save the most when that is "
+                        "above this fraction of its prefill FLOPs, else the least queued "
+                        "(0.3 is sglang-router's --cache-threshold)")
     parser.add_argument("--limit", type=_positive, default=None,
                         help="only the first N requests")
     parser.add_argument("--bookkeeping", choices=("measured", "off"), default="measured",
@@ -277,7 +282,8 @@ def router_options(args) -> dict:
     balance = {"balance_abs_threshold": args.router_balance_abs_threshold,
                "balance_rel_threshold": args.router_balance_rel_threshold}
     cost = {**balance, "load_penalty": args.router_load_penalty,
-            "branch_weight": args.router_branch_weight}
+            "branch_weight": args.router_branch_weight,
+            "affinity_threshold": args.router_affinity_threshold}
     return {"cache_aware": {"cache_threshold": args.router_cache_threshold, **balance,
                             "eviction_interval_secs": args.router_eviction_interval_secs,
                             "max_tree_size": args.router_max_tree_size},
