@@ -16,6 +16,7 @@ machine; ``--full`` runs the whole trace (hours there).
 Usage: python scripts/bench_scale_out.py [--models paper-7b,qwen3_next] [--replicas 2,4,8]
        [--routers cache_aware,round_robin,marconi,oracle] [--caches stock,marconi+]
        [--memory unified] [--load 0.8] [--skip S] [--limit L | --full] [--out grid.jsonl]
+       [--router-flags '--router-affinity-threshold off']
 """
 from __future__ import annotations
 
@@ -61,6 +62,7 @@ def run_cell(trace: Path, model: str, replicas: int, args) -> list:
             "--load", str(args.load), "--bookkeeping", "off", "--json", "--no-progress"]
     if args.limit is not None and not args.skip:
         argv += ["--limit", str(args.limit)]
+    argv += args.router_flags.split()
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         rc = cli_main(argv)
@@ -124,6 +126,8 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=DEFAULT_LIMIT,
                     help=f"requests replayed (default {DEFAULT_LIMIT})")
     ap.add_argument("--full", action="store_true", help="the whole trace (after --skip)")
+    ap.add_argument("--router-flags", default="", help="more serve-sim flags, e.g. "
+                    "'--router-affinity-threshold off' (part of a cell's identity)")
     ap.add_argument("--out", default="bench_scale_out.jsonl")
     args = ap.parse_args(argv)
     if args.full:
@@ -133,7 +137,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     done = [json.loads(ln) for ln in out.read_text().splitlines()] if out.exists() else []
     key = {"skip": args.skip, "limit": args.limit, "memory": args.memory,
-           "load": args.load, "cache_gb": args.cache_gb}
+           "load": args.load, "cache_gb": args.cache_gb, "router_flags": args.router_flags}
     wanted = {(router, cache) for router in args.routers.split(",")
               for cache in args.caches.split(",")}
     with tempfile.TemporaryDirectory() as tmp:

@@ -20,7 +20,8 @@ from sglang_marconi.errors import UserError
 from sglang_marconi.model import resolve_model
 from sglang_marconi.serving.gpu_model import PRESETS, GpuTimeModel, preset
 from sglang_marconi.serving.router import ROUTERS, make_router
-from sglang_marconi.serving.router_marconi import BRANCH_WEIGHT, LOAD_PENALTY, CostRouter
+from sglang_marconi.serving.router_marconi import (AFFINITY_THRESHOLD, BRANCH_WEIGHT,
+                                                   LOAD_PENALTY, CostRouter)
 from sglang_marconi.sim.traces import read_trace
 
 COLUMNS = (  # (header, key, format)
@@ -59,6 +60,18 @@ def _routers(text: str) -> tuple:
     if not names:
         raise UserError("--router: empty list")
     return names
+
+
+def _fraction_or_off(text: str):
+    if text.strip().lower() == "off":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1] or off, got {text!r}")
+    return value
 
 
 def _loads(text: str) -> tuple:
@@ -144,11 +157,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--router-branch-weight", type=float, default=BRANCH_WEIGHT,
                    help="marconi, oracle: add this x the FLOPs a hit on the branch point "
                         "the request would checkpoint there would save (0: reuse only)")
-    r.add_argument("--router-affinity-threshold", type=float, default=None,
-                   help="marconi, oracle: instead of the score, cache_aware's rule in FLOPs: "
-                        "the replica where the request would save the most when that is "
-                        "above this fraction of its prefill FLOPs, else the least queued "
-                        "(0.3 is sglang-router's --cache-threshold)")
+    r.add_argument("--router-affinity-threshold", type=_fraction_or_off,
+                   default=AFFINITY_THRESHOLD,
+                   help="marconi, oracle: cache_aware's rule in FLOPs: the replica where the "
+                        "request would save the most (reuse plus the branch state it plants) "
+                        "when that is above this fraction of its prefill FLOPs, else the "
+                        "least queued (default: sglang-router's --cache-threshold 0.3); off: "
+                        "the score (saved FLOPs - load penalty x queued FLOPs) instead")
     parser.add_argument("--limit", type=_positive, default=None,
                         help="only the first N requests")
     parser.add_argument("--bookkeeping", choices=("measured", "off"), default="measured",

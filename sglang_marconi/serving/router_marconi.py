@@ -64,6 +64,9 @@ ADMISSION_RULES = ("sglang", "marconi+")
 # "Choosing the weights"); 1 and 0 are the plain rule (TTFT-greedy, reuse only)
 LOAD_PENALTY = 0.1
 BRANCH_WEIGHT = 1.0
+# serve-sim's default rule for both (``--router-affinity-threshold``): sglang-router's own
+# --cache-threshold default, in FLOPs of the reusable prefix (docs/scale-out.md)
+AFFINITY_THRESHOLD = 0.3
 
 
 def block_hashes(ids: Sequence[int], grid: int, limit: Optional[int] = None) -> List[int]:
