@@ -135,7 +135,8 @@ def main(argv=None) -> int:
     if args.skip < 0 or (args.limit is not None and args.limit < 1):
         raise SystemExit("--skip must be >= 0 and --limit >= 1")
     out = Path(args.out)
-    done = [json.loads(ln) for ln in out.read_text().splitlines()] if out.exists() else []
+    done = [{"router_flags": "", **json.loads(ln)} for ln in out.read_text().splitlines()
+            ] if out.exists() else []
     key = {"skip": args.skip, "limit": args.limit, "memory": args.memory,
            "load": args.load, "cache_gb": args.cache_gb, "router_flags": args.router_flags}
     wanted = {(router, cache) for router in args.routers.split(",")
