@@ -18,7 +18,12 @@ score(k) = flops_saved(reusable tokens on k)
   (``sglang_branch_point``); the next request with this prefix reuses it only if it goes to
   k too. ``branch_weight`` values that future hit (0: score today's reuse only).
 - ties: the least queued prefill FLOPs, then the fewest requests in flight, then the
-  lowest replica index. Every call is O(replicas x blocks of the request).
+  lowest replica index.
+- ``affinity_threshold`` T (serve-sim's default 0.3, sglang-router's ``--cache-threshold``)
+  replaces the score by cache_aware's rule in FLOPs: the value of k is the score without
+  the load term; when the best value is above T x the request's prefill FLOPs the request
+  goes there (rule ``affinity``), else to the least queued replica (``flops_load``).
+  Every call is O(replicas x blocks of the request).
 
 ``marconi`` (``MarconiRouter``) knows only what a router can know. Per replica it keeps
 a record of what it sent there as chained hashes of the request's tokens in blocks of the
