@@ -129,6 +129,8 @@ def main(argv=None) -> int:
     ap.add_argument("--router-flags", default="", help="more serve-sim flags, e.g. "
                     "'--router-affinity-threshold off' (part of a cell's identity)")
     ap.add_argument("--out", default="bench_scale_out.jsonl")
+    ap.add_argument("--print-only", action="store_true", help="no runs: the table and the "
+                    "targets from the rows already in --out")
     args = ap.parse_args(argv)
     if args.full:
         args.limit = None
@@ -147,7 +149,7 @@ def main(argv=None) -> int:
             for n in (int(x) for x in args.replicas.split(",")):
                 have = {(r["router"], r["cache"]) for r in done if r["model"] == model
                         and r["replicas"] == n and all(r.get(k) == v for k, v in key.items())}
-                if wanted <= have:
+                if wanted <= have or args.print_only:
                     continue
                 for run in run_cell(trace, model, n, args):
                     row = {"model": model, **key, **run}
