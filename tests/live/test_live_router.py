@@ -11,6 +11,9 @@ printed (``pytest -s``), not asserted against each other: with the forward pass 
 timings (and so the router's in-flight counts) are this machine's. ``make test`` runs the
 marconi+ pair (its time budget); ``MARCONI_LIVE_ROUTER=full`` runs the stock pair too (the
 comparison docs/scale-out.md quotes).
+
+Also SGLang's own data parallelism: one live server with ``--dp-size 2 --cache-policy
+marconi``, whose DP controller's round-robin spreads a shared prefix over two caches.
 """
 from __future__ import annotations
 
