@@ -200,7 +200,27 @@ def test_cli_prints_one_row_per_router_and_cache(mooncake_path, capsys):
     assert out["config"]["replicas"] == 2
 
 
+def test_dp_size_is_sglangs_round_robin_over_dp_ranks(mooncake_path, capsys):
+    """``--dp-size N``: N ranks behind SGLang's DP controller's round-robin, the same
+    dispatch (and so the same run) as N replicas behind sglang-router's round_robin."""
+    from sglang_marconi.cli.main import main
+
+    common = ["serve-sim", "--trace", str(mooncake_path), "--model", "qwen3_next",
+              "--limit", "9", "--caches", "stock", "--load", "0.8", "--bookkeeping", "off",
+              "--json", "--no-progress"]
+    assert main(common + ["--dp-size", "3"]) == 0
+    (dp,) = json.loads(capsys.readouterr().out)["runs"]
+    assert main(common + ["--replicas", "3", "--router", "round_robin"]) == 0
+    (rr,) = json.loads(capsys.readouterr().out)["runs"]
+    assert dp["router"] == "dp_round_robin" and dp["replicas"] == 3
+    assert dp["router_rules"] == {"dp_round_robin": 9} and dp["requests_per_replica"] == [3, 3, 3]
+    for key in ("hit_tokens", "ttft_p50_s", "ttft_p95_s", "finished", "makespan_s"):
+        assert dp[key] == rr[key], key
+
+
 @pytest.mark.parametrize("argv, message", [
+    (["--dp-size", "2", "--replicas", "2"], "--dp-size"),
+    (["--dp-size", "2", "--router", "marconi"], "--dp-size"),
     (["--replicas", "2", "--router", "nope"], "--router: unknown router 'nope'"),
     (["--replicas", "2", "--clients", "4"], "--clients"),
     (["--replicas", "2", "--router", "cache_aware,cache_aware"], "--router: cache_aware twice"),

@@ -1,8 +1,9 @@
 """The ``marconi`` router (``serving/router_marconi.py``) rule by rule: reuse truncated to the
 checkpoints it knows were created (request ends, chunk ends, branch points), corrected by
 the cached-token count each response reports, FLOPs saved against queued prefill FLOPs,
-cache_aware's balance guard, lowest index on ties, bounded records, determinism. The oracle
-tests (read-only walk) and the CLI rows are in tests/test_cluster_routers.py."""
+cache_aware's balance guard, ties (the least queued, then the fewest in flight, then the
+lowest index), bounded records, determinism. The oracle tests (read-only walk) and the CLI
+rows are in tests/test_cluster_routers.py."""
 from __future__ import annotations
 
 import pytest
@@ -184,3 +185,30 @@ def test_bad_options_are_user_errors(paper_spec):
         router(paper_spec, load_penalty=-1)
     with pytest.raises(UserError, match="--router-branch-weight"):
         router(paper_spec, branch_weight=float("nan"))
+
+
+def test_ties_go_to_the_least_queued_then_the_fewest_in_flight(paper_spec):
+    r = router(paper_spec, load_penalty=0.0)   # every score is 0 without reuse: all tie
+    d = r.route_request("a", ids(0, 2000), [0, 0, 0])
+    assert d.worker == 0                       # nothing queued anywhere: the lowest index
+    d = r.route_request("b", ids(10_000, 500), [1, 0, 0])
+    assert d.worker == 1                       # replica 0 has a's prefill queued
+    r.prefill_done("a"), r.prefill_done("b")   # nothing queued: the fewest in flight
+    assert r.route_request("c", ids(20_000, 500), [1, 1, 0]).worker == 2
+
+
+def test_affinity_threshold_is_cache_awares_rule_in_flops(paper_spec):
+    r = router(paper_spec, branch_weight=1.0, affinity_threshold=0.3)
+    a = ids(0, 1000)
+    serve(r, "a", a)
+    serve(r, "b", a[:700] + ids(10_000, 300))          # plants the branch state at 640 on w0
+    assert r.route_request("q", ids(100_000, 8000), [0, 1, 1]).worker == 0   # all idle
+    assert r.queued_flops(0) > 0                        # q's prefill is queued on w0
+    # c saves F(640) of F(1000) on w0 (> 0.3): it goes there, however long w0's queue
+    c = r.route_request("c", a[:700] + ids(20_000, 300), [1, 0, 0])
+    assert (c.worker, c.rule, c.believed_tokens) == (0, "affinity", 640)
+    # d shares one 64-token block with a (far below 0.3 of its prefill): the least queued
+    d = r.route_request("d", a[:64] + ids(30_000, 2000), [2, 0, 1])
+    assert (d.worker, d.rule) == (1, "flops_load")
+    with pytest.raises(UserError, match="--router-affinity-threshold"):
+        router(paper_spec, affinity_threshold=1.5)

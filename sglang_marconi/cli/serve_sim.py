@@ -20,7 +20,8 @@ from sglang_marconi.errors import UserError
 from sglang_marconi.model import resolve_model
 from sglang_marconi.serving.gpu_model import PRESETS, GpuTimeModel, preset
 from sglang_marconi.serving.router import ROUTERS, make_router
-from sglang_marconi.serving.router_marconi import BRANCH_WEIGHT, LOAD_PENALTY, CostRouter
+from sglang_marconi.serving.router_marconi import (AFFINITY_THRESHOLD, BRANCH_WEIGHT,
+                                                   LOAD_PENALTY, CostRouter)
 from sglang_marconi.sim.traces import read_trace
 
 COLUMNS = (  # (header, key, format)
@@ -59,6 +60,18 @@ def _routers(text: str) -> tuple:
     if not names:
         raise UserError("--router: empty list")
     return names
+
+
+def _fraction_or_off(text: str):
+    if text.strip().lower() == "off":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1] or off, got {text!r}")
+    return value
 
 
 def _loads(text: str) -> tuple:
@@ -119,6 +132,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--replicas", type=_positive, default=1,
                    help="independent SGLang servers (each --cache-gb, its own cache); "
                         "--load is then the cluster's")
+    r.add_argument("--dp-size", type=_positive, default=1,
+                   help="SGLang's in-server data parallelism: N DP ranks (each its own "
+                        "scheduler, pools and cache) behind its DP controller's round-robin "
+                        "(router dp_round_robin); not with --replicas / --router")
     r.add_argument("--router", default=None,
                    help=f"comma-separated subset of {', '.join(ROUTERS)} (default with "
                         "--replicas > 1: cache_aware, the router's default)")
@@ -140,6 +157,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--router-branch-weight", type=float, default=BRANCH_WEIGHT,
                    help="marconi, oracle: add this x the FLOPs a hit on the branch point "
                         "the request would checkpoint there would save (0: reuse only)")
+    r.add_argument("--router-affinity-threshold", type=_fraction_or_off,
+                   default=AFFINITY_THRESHOLD,
+                   help="marconi, oracle: cache_aware's rule in FLOPs: the replica where the "
+                        "request would save the most (reuse plus the branch state it plants) "
+                        "when that is above this fraction of its prefill FLOPs, else the "
+                        "least queued (default: sglang-router's --cache-threshold 0.3); off: "
+                        "the score (saved FLOPs - load penalty x queued FLOPs) instead")
     parser.add_argument("--limit", type=_positive, default=None,
                         help="only the first N requests")
     parser.add_argument("--bookkeeping", choices=("measured", "off"), default="measured",
@@ -225,6 +249,11 @@ def _run(args) -> int:
         raise UserError(f"--rate-scale: expected a number >= 0, got {args.rate_scale}")
     loads = _loads(args.load)
     routers = _routers(args.router) if args.router is not None else None
+    if args.dp_size > 1:
+        if args.replicas > 1 or routers is not None:
+            raise UserError("--dp-size (one server's DP ranks behind its own controller) does "
+                            "not combine with --replicas / --router")
+        args.replicas, routers = args.dp_size, ("dp_round_robin",)
     if routers is None and args.replicas > 1:
         routers = ("cache_aware",)
     if routers is not None and args.clients is not None:
@@ -268,7 +297,8 @@ def router_options(args) -> dict:
     balance = {"balance_abs_threshold": args.router_balance_abs_threshold,
                "balance_rel_threshold": args.router_balance_rel_threshold}
     cost = {**balance, "load_penalty": args.router_load_penalty,
-            "branch_weight": args.router_branch_weight}
+            "branch_weight": args.router_branch_weight,
+            "affinity_threshold": args.router_affinity_threshold}
     return {"cache_aware": {"cache_threshold": args.router_cache_threshold, **balance,
                             "eviction_interval_secs": args.router_eviction_interval_secs,
                             "max_tree_size": args.router_max_tree_size},

@@ -42,8 +42,9 @@ import numpy as np
 from sglang_marconi.errors import UserError
 from sglang_marconi.serving.router_tree import CharTree
 
-ROUTERS = ("cache_aware", "round_robin", "random", "marconi", "oracle")  # the last two:
-# serving/router_marconi.py (built by serving.cluster: they need the replicas' sizes/caches)
+ROUTERS = ("cache_aware", "round_robin", "random", "dp_round_robin", "marconi", "oracle")
+# the last two: serving/router_marconi.py (built by serving.cluster: they need the replicas'
+# sizes/caches); dp_round_robin: SGLang's own DP controller (``--dp-size N``), not the router
 
 
 def text_for_input_ids(input_ids: Sequence[int]) -> str:
@@ -195,6 +196,24 @@ class RandomRouter:
         return 0
 
 
+class DataParallelRoundRobin(RoundRobinRouter):
+    """SGLang 0.5.23's in-server data parallelism (``--dp-size N``): its
+    ``DataParallelController`` dispatches each tokenized request to a DP rank, by default
+    (``--load-balance-method auto`` -> ``round_robin`` outside PD disaggregation,
+    ``srt/arg_groups/serving_hook.py`` 217-234) with ``round_robin_scheduler``
+    (``srt/managers/data_parallel_controller.py`` 880-899): a counter modulo the active
+    ranks, a rank whose status is down skipped. No rank is ever down here, so the choice is
+    the counter's, as sglang-router's round_robin; each rank is its own scheduler with its
+    own pools and radix cache (one GPU each)."""
+
+    name = "dp_round_robin"
+
+    def route(self, text: str, loads: Sequence[int]) -> Decision:
+        idx = self.counter % len(self.workers)
+        self.counter = (self.counter + 1) % len(self.workers)
+        return Decision(idx, "dp_round_robin", input_chars=len(text))
+
+
 def make_router(name: str, workers: Sequence[str], seed: int = 0, **cache_aware_options):
     """cache_aware, round_robin or random for ``workers`` (cache_aware takes the threshold
     options)."""
@@ -204,6 +223,8 @@ def make_router(name: str, workers: Sequence[str], seed: int = 0, **cache_aware_
         return RoundRobinRouter(workers)
     if name == "random":
         return RandomRouter(workers, seed)
+    if name == "dp_round_robin":
+        return DataParallelRoundRobin(workers)
     if name in ROUTERS:
         raise ValueError(f"router {name} needs the replicas: serving.cluster.build_cluster "
                          "builds it (serving/router_marconi.py)")

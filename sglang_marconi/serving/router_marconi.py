@@ -17,7 +17,13 @@ score(k) = flops_saved(reusable tokens on k)
   past the reusable state, SGLang snapshots a state there during this prefill
   (``sglang_branch_point``); the next request with this prefix reuses it only if it goes to
   k too. ``branch_weight`` values that future hit (0: score today's reuse only).
-- ties: the lowest replica index. Every call is O(replicas x blocks of the request).
+- ties: the least queued prefill FLOPs, then the fewest requests in flight, then the
+  lowest replica index.
+- ``affinity_threshold`` T (serve-sim's default 0.3, sglang-router's ``--cache-threshold``)
+  replaces the score by cache_aware's rule in FLOPs: the value of k is the score without
+  the load term; when the best value is above T x the request's prefill FLOPs the request
+  goes there (rule ``affinity``), else to the least queued replica (``flops_load``).
+  Every call is O(replicas x blocks of the request).
 
 ``marconi`` (``MarconiRouter``) knows only what a router can know. Per replica it keeps
 a record of what it sent there as chained hashes of the request's tokens in blocks of the
@@ -63,6 +69,9 @@ ADMISSION_RULES = ("sglang", "marconi+")
 # "Choosing the weights"); 1 and 0 are the plain rule (TTFT-greedy, reuse only)
 LOAD_PENALTY = 0.1
 BRANCH_WEIGHT = 1.0
+# serve-sim's default rule for both (``--router-affinity-threshold``): sglang-router's own
+# --cache-threshold default, in FLOPs of the reusable prefix (docs/scale-out.md)
+AFFINITY_THRESHOLD = 0.3
 
 
 def block_hashes(ids: Sequence[int], grid: int, limit: Optional[int] = None) -> List[int]:
@@ -163,7 +172,8 @@ class CostRouter:
 
     def __init__(self, workers: Sequence[str], spec, load_penalty: float = LOAD_PENALTY,
                  branch_weight: float = BRANCH_WEIGHT,
-                 balance_abs_threshold: int = 64, balance_rel_threshold: float = 1.5):
+                 balance_abs_threshold: int = 64, balance_rel_threshold: float = 1.5,
+                 affinity_threshold: Optional[float] = None):
         if not workers:
             raise UserError("router: at least one worker is needed")
         if not (math.isfinite(load_penalty) and load_penalty >= 0):
@@ -174,6 +184,10 @@ class CostRouter:
         if not (math.isfinite(branch_weight) and branch_weight >= 0):
             raise UserError(f"--router-branch-weight: expected a number >= 0, got {branch_weight}")
         self.branch_weight = float(branch_weight)
+        if affinity_threshold is not None and not 0 <= affinity_threshold <= 1:
+            raise UserError("--router-affinity-threshold: expected a fraction in [0, 1], got "
+                            f"{affinity_threshold}")
+        self.affinity_threshold = affinity_threshold
         # the balance guard is cache_aware's own rule (and its threshold checks)
         self.guard = CacheAwareRouter(workers, balance_abs_threshold=balance_abs_threshold,
                                       balance_rel_threshold=balance_rel_threshold,
@@ -196,13 +210,37 @@ class CostRouter:
     def queued_flops(self, k: int) -> float:
         return math.fsum(self.queued[k].values())
 
-    def score(self, k: int, reusable: int, kv: int, input_len: int) -> float:
+    def value(self, reusable: int, kv: int, input_len: int) -> float:
+        """The FLOPs a request saves on a replica: its reuse there, plus ``branch_weight``
+        x what a hit on the branch point it would plant there would save beyond that."""
         saved = self.spec.flops_saved(reusable)
         if self.branch_weight:
             branch = sglang_branch_point(min(kv, input_len - 1), reusable, self.grid)
             if branch:
                 saved += self.branch_weight * self.spec.flops_saved(branch, reusable)
-        return saved - self.load_penalty * self.queued_flops(k)
+        return saved
+
+    def score(self, k: int, reusable: int, kv: int, input_len: int) -> float:
+        return self.value(reusable, kv, input_len) - self.load_penalty * self.queued_flops(k)
+
+    def least_queued(self, candidates, loads: Sequence[int]) -> int:
+        """The least queued prefill FLOPs, then the fewest in flight, then the lowest index."""
+        return min(candidates, key=lambda k: (self.queued_flops(k), loads[k], k))
+
+    def choose(self, views, loads: Sequence[int], input_len: int) -> tuple:
+        """(replica, rule) once the balance guard has let the request through."""
+        n = range(len(self.workers))
+        if self.affinity_threshold is None:
+            scores = [self.score(k, *views[k], input_len) for k in n]
+            # ties (e.g. no reuse anywhere): least_queued's order
+            best = max(scores)
+            idx = self.least_queued([k for k in n if scores[k] == best], loads)
+            return idx, "flops_hit" if views[idx][0] > 0 else "flops_load"
+        values = [self.value(*views[k], input_len) for k in n]
+        best = max(values)
+        if best > self.affinity_threshold * self.spec.prefill_flops(input_len):
+            return self.least_queued([k for k in n if values[k] == best], loads), "affinity"
+        return self.least_queued(n, loads), "flops_load"
 
     def route_request(self, rid: str, input_ids: Sequence[int], loads: Sequence[int]) -> Decision:
         if len(loads) != len(self.workers):
@@ -211,10 +249,7 @@ class CostRouter:
         if self.guard.imbalanced(loads):
             idx, rule = first_min(loads), "balance"
         else:
-            scores = [self.score(k, *views[k], len(input_ids))
-                      for k in range(len(self.workers))]
-            idx = max(range(len(scores)), key=lambda k: (scores[k], -k))
-            rule = "flops_hit" if views[idx][0] > 0 else "flops_load"
+            idx, rule = self.choose(views, loads, len(input_ids))
         believed, kv = views[idx]
         flops = self.spec.prefill_flops(len(input_ids)) - self.spec.prefill_flops(believed)
         self.in_flight[rid] = InFlight(idx, input_ids, kv, believed, flops)

@@ -11,6 +11,9 @@ printed (``pytest -s``), not asserted against each other: with the forward pass 
 timings (and so the router's in-flight counts) are this machine's. ``make test`` runs the
 marconi+ pair (its time budget); ``MARCONI_LIVE_ROUTER=full`` runs the stock pair too (the
 comparison docs/scale-out.md quotes).
+
+Also SGLang's own data parallelism: one live server with ``--dp-size 2 --cache-policy
+marconi``, whose DP controller's round-robin spreads a shared prefix over two caches.
 """
 from __future__ import annotations
 
@@ -102,3 +105,40 @@ def test_bench_serving_through_the_real_router(model_path, tmp_path, policy):
           f"(requests, prompt tokens, cached): "
           f"{[(int(d['requests']), int(d['prompt']), int(d['cached'])) for d in delta]}; "
           f"cached {cached / prompt:.1%} of prompt tokens")
+
+
+DP_PREFIX, DP_SUFFIX, DP_REQUESTS = 400, 40, 6
+
+
+def test_dp_size_two_ranks_round_robin_with_marconi(model_path):
+    """SGLang's in-server data parallelism on CPU: one live server with ``--dp-size 2``
+    and ``--cache-policy marconi`` (its DP controller starts two scheduler processes, each
+    with the plugin's cache), six requests one at a time sharing a 400-token prefix. The
+    controller's round-robin sends requests 0, 2, 4 to rank 0 and 1, 3, 5 to rank 1, each
+    rank its own cache: the first request on each rank (0 and 1) finds nothing, every later
+    one reuses the same resume point inside the prefix. One cache would already reuse it at
+    request 1, as request 2 does on rank 0."""
+    import random
+
+    rng = random.Random(7)
+    prefix = [rng.randrange(3, 250) for _ in range(DP_PREFIX)]
+    args = server_args(MODEL, "extra_buffer", "marconi") + ["--dp-size", "2"]
+    # SGLang's CPU path binds each rank's threads to a NUMA node and refuses more ranks
+    # than nodes unless told which cores each rank takes (srt/utils/numa_utils.py 463)
+    server = LiveServer(model_path, args, max_total_tokens=KV_TOKENS,
+                        mamba_slots=MAMBA_SLOTS, max_running=MAX_RUNNING,
+                        extra_env={"SGLANG_CPU_OMP_THREADS_BIND": "0|1"})
+    t0 = time.monotonic()
+    try:
+        server.start()
+        t_up = time.monotonic() - t0
+        cached = [int(server.generate(prefix + [rng.randrange(3, 250) for _ in range(DP_SUFFIX)],
+                                      max_new_tokens=4)["meta_info"]["cached_tokens"])
+                  for _ in range(DP_REQUESTS)]
+        requests_total = server.metric("sglang:num_requests_total", default=0.0)
+    finally:
+        server.stop()
+    print(f"\n--dp-size 2, marconi: server up in {t_up:.0f} s; cached tokens per request "
+          f"{cached}; num_requests_total {requests_total:.0f}")
+    assert cached[:2] == [0, 0], cached
+    assert len(set(cached[2:])) == 1 and 0 < cached[2] <= DP_PREFIX, cached
