@@ -3,6 +3,7 @@ per host byte; the host victims' order (GDSF aging for marconi+, the alpha utili
 marconi, LRU at alpha 0); the PCIe constants of the time model."""
 import heapq
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import pytest
 
@@ -23,22 +24,9 @@ class Node:
     children: list = field(default_factory=list)
 
 
-class Tree:
-    @staticmethod
-    def depth(n):
-        return n.depth
-
-    @staticmethod
-    def has_state(n):
-        return n.state
-
-    @staticmethod
-    def parent(n):
-        return n.parent
-
-    @staticmethod
-    def children(n):
-        return n.children
+# the ranking's view of these nodes (policy.ranking.TreeAdapter)
+Tree = SimpleNamespace(depth=lambda n: n.depth, has_state=lambda n: n.state,
+                       parent=lambda n: n.parent, children=lambda n: n.children)
 
 
 def chain(*specs):

@@ -15,8 +15,6 @@ appends one line per cell; ``analyze`` makes the rows and the targets' PASS/MISS
 from __future__ import annotations
 
 import dataclasses
-import json
-import multiprocessing
 import warnings
 from pathlib import Path
 from typing import Optional
@@ -24,8 +22,8 @@ from typing import Optional
 from sglang_marconi.cli.host_flags import ratio_for_size
 from sglang_marconi.driver.sizing import size_pools
 from sglang_marconi.model import preset_spec
+from sglang_marconi.reports import cell_runs
 from sglang_marconi.reports.formatting import table
-from sglang_marconi.sim.traces import read_trace
 
 MODELS = ("paper-7b", "qwen3_next")
 DEVICE_GB = 100
@@ -55,17 +53,6 @@ def cell_key(c: dict) -> tuple:
     return (c["model"], c["device_gb"], c["host_gb"], c["policy"], c["cache"])
 
 
-_REQUESTS: dict = {}
-
-
-def _requests(trace: str, limit: Optional[int]):
-    from sglang_marconi.harness.ab import to_replay_requests  # heavy: sglang, torch
-
-    key = (trace, limit)
-    if key not in _REQUESTS:
-        _REQUESTS.clear()
-        _REQUESTS[key] = to_replay_requests(read_trace(trace), limit)
-    return _REQUESTS[key]
 
 
 def run_cell(cell: dict, trace: str, limit: Optional[int] = None) -> dict:
@@ -78,7 +65,7 @@ def run_cell(cell: dict, trace: str, limit: Optional[int] = None) -> dict:
 
     spec = preset_spec(cell["model"])
     sizes = size_pools(spec, cell["device_gb"], "static")
-    requests = _requests(trace, limit)
+    requests = cell_runs.requests(trace, limit)
     longest = max(len(r.input_ids) + max(1, r.output_len) for r in requests)
     ratio = ratio_for_size(cell["host_gb"], spec, sizes.kv_tokens, sizes.mamba_slots)
     pools = PoolConfig(kv_tokens=sizes.kv_tokens, mamba_slots=sizes.mamba_slots,
@@ -95,34 +82,24 @@ def run_cell(cell: dict, trace: str, limit: Optional[int] = None) -> dict:
             "hicache_ratio": ratio, "pools": sizes.as_dict()}
 
 
+load = cell_runs.load
+
+
 def _work(args):
     cell, trace, limit = args
     return run_cell(cell, trace, limit)
 
 
+def _describe(row: dict) -> str:
+    return (f"{row['model']} {row['host_gb']} GB host {row['policy']} {row['cache']}: "
+            f"{row['flops_saved_fraction']:.2%} FLOPs saved, {row['wall_seconds']:.0f} s")
+
+
 def run(trace: str, out: Path, cells: list, processes: int = 1,
         limit: Optional[int] = None, progress=print) -> list:
     """Replay the cells not yet in ``out`` (JSON lines), ``processes`` at a time."""
-    done = load(out)
-    have = {cell_key(r) for r in done if r.get("limit") == limit}
-    todo = [c for c in cells if cell_key(c) not in have]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(processes) as pool, out.open("a") as fh:
-        for i, row in enumerate(pool.imap_unordered(_work, [(c, trace, limit) for c in todo])):
-            fh.write(json.dumps(row) + "\n")
-            fh.flush()
-            done.append(row)
-            progress(f"[{i + 1}/{len(todo)}] {row['model']} {row['host_gb']} GB host "
-                     f"{row['policy']} {row['cache']}: {row['flops_saved_fraction']:.2%} "
-                     f"FLOPs saved, {row['wall_seconds']:.0f} s")
-    return done
-
-
-def load(path: Path) -> list:
-    if not Path(path).is_file():
-        return []
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    return cell_runs.run(_work, trace, out, cells, cell_key, _describe, processes, limit,
+                         progress)
 
 
 def analyze(rows: list) -> dict:
