@@ -52,7 +52,8 @@ def main(argv=None) -> int:
     rows = [r for r in rows if r.get("limit") == args.limit
             and hicache_bench.cell_key(r) in wanted]
     command = " ".join(["python scripts/bench_hicache.py", *(argv or sys.argv[1:])])
-    print(hicache_bench.markdown(hicache_bench.analyze(rows), command, args.limit))
+    print(hicache_bench.markdown(hicache_bench.analyze(rows, args.limit), command,
+                                 args.limit))
     return 0
 
 

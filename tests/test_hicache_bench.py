@@ -32,8 +32,10 @@ def test_targets_pass_and_miss_and_the_table():
     an = hicache_bench.analyze(rows)
     assert [r["ratios"]["marconi+"] for r in an["rows"]] == pytest.approx([0.99, 1.25])
     verdicts = [(m, res) for _, m, res in an["targets"]]
-    assert verdicts == [("1.250x", "PASS"), ("worst 0.990x (paper-7b 200 GB write_back)",
-                                             "MISS")]
+    assert verdicts == [("1.250x", "PASS"),
+                        ("worst 0.990x (paper-7b 200 GB write_back; 2 cells)", "MISS")]
+    sliced = [res for _, _, res in hicache_bench.analyze(rows, limit=9)["targets"]]
+    assert sliced == ["PASS on the first 9 requests only", "MISS on the first 9 requests only"]
     md = hicache_bench.markdown(an, "python scripts/bench_hicache.py --limit 9", limit=9)
     assert "first 9 requests" in md and "| paper-7b | 400 | write_through | marconi+ | " \
         "12.50% | 1.250x | 64 | 1.000e+09 | 5 / 7 | 1 / 0 | 2.0 |" in md

@@ -71,26 +71,28 @@ def host_efficiency(spec: CostModel, link: HostLink, tree: TreeAdapter, node, ow
 
 class HostClock:
     """marconi+'s GDSF inflation clock of one host pool: a node's base is the clock when
-    it was last touched (``touch`` stamps it lazily: the caller names the event that
-    marks a touch, e.g. the node's access time)."""
+    it was last touched (``base`` stamps it lazily: the caller names the event that marks
+    a touch, e.g. the node's access time). The stamp is kept on the node itself (attribute
+    ``attr``, one per clock), so it lives as long as the node."""
 
-    def __init__(self):
+    def __init__(self, attr: str = "_host_clock_stamp"):
         self.value = 0.0
-        self._stamps: dict = {}  # node -> (touch marker, base)
+        self.attr = attr
 
     def base(self, node, marker) -> float:
-        seen = self._stamps.get(node)
+        seen = getattr(node, self.attr, None)
         if seen is None or seen[0] != marker:
             seen = (marker, self.value)
-            self._stamps[node] = seen
+            setattr(node, self.attr, seen)
         return seen[1]
 
     def evicted(self, node, key: float) -> None:
         self.value = max(self.value, key)
-        self._stamps.pop(node, None)
+        self.forget(node)
 
     def forget(self, node) -> None:
-        self._stamps.pop(node, None)
+        if getattr(node, self.attr, None) is not None:
+            setattr(node, self.attr, None)
 
 
 class HostRanking:

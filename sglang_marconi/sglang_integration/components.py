@@ -197,7 +197,7 @@ class _ScoredQueue:
         if mode is None:
             return None
         if self.host_clock is None:
-            self.host_clock = HostClock()
+            self.host_clock = HostClock(f"_marconi_host_{self.component_type.name.lower()}")
         return HostRanking(mode, efficiency, recency=lambda n: n.last_access_time,
                            alpha=policy.alpha, clock=self.host_clock)
 
