@@ -207,8 +207,12 @@ def format_table(results: dict) -> str:
             skipped = f"; end states skipped {m['end_states_skipped']}" if plus else ""
             policy = ("reuse-weighted FLOPs per byte with GDSF aging (no alpha)" if plus
                       else f"alpha={m['alpha']:g}{tuned}")
+            host = m.get("host_evicted", {})
+            ranked = (f"; host victims by the two-tier rule: KV leaves {host['full']}, "
+                      f"states {host['mamba']}" if "host" in c and host else "")
             lines.append(f"{n}: {policy}; admitted "
-                         f"{adm}; rejected {m['states_rejected']}{skipped}; evicted {ev}")
+                         f"{adm}; rejected {m['states_rejected']}{skipped}; evicted {ev}"
+                         f"{ranked}")
     return "\n".join(lines)
 
 
