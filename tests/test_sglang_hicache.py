@@ -47,6 +47,9 @@ CACHES = {  # name -> cache class (None: stock UnifiedRadixCache)
     "marconi-a0": MarconiSettings(alpha=0.0, max_states_per_request=-1),
     "marconi": MarconiSettings(alpha=1.0, max_states_per_request=-1),
     "marconi+": MarconiSettings(plus=True, alpha=0.0, max_states_per_request=-1),
+    # SGLang's host LRU under marconi+ (--marconi-host-rule lru)
+    "marconi+-host-lru": MarconiSettings(plus=True, alpha=0.0, max_states_per_request=-1,
+                                         host_rule="lru"),
 }
 BASES = [[1000 * b + i for i in range(300)] for b in range(4)]
 
@@ -216,12 +219,15 @@ def test_token_kv_stamps_are_what_the_tiers_are_checked_against():
     assert check_host_idle(cache)["compared"] == 2  # the device and the host copy
 
 
-@pytest.mark.parametrize("kind", ["stock", "marconi", "marconi+"])
+@pytest.mark.parametrize("kind", ["stock", "marconi", "marconi+-host-lru"])
 def test_l3_file_store_round_trip(kind, tmp_path):
     """The L3 ``file`` backend in a temporary directory: host pages are written through
     to it, pages evicted from the host pool are prefetched back (SGLang's
     wait_complete policy) and loaded to the device; both tiers' invariants hold after
-    every request (the backups' host locks released), every stored page is whole."""
+    every request (the backups' host locks released), every stored page is whole.
+    marconi (alpha 1) ranks its host victims by the two-tier rule; marconi+ runs with
+    SGLang's host LRU here because its own ranking keeps every page this traffic reuses
+    on the host tier (nothing to fetch: test_two_tier_rule_keeps_host_hits)."""
     try:
         cache, replayer = build("write_through", kind, hicache_storage_dir=str(tmp_path))
     except RuntimeError as exc:  # SGLang compiles its page-hash extension (g++, libcrypto)
@@ -312,3 +318,25 @@ TestHostTierMachine = HostTierMachine.TestCase
 TestHostTierMachine.settings = settings(
     max_examples=40, stateful_step_count=15, deadline=None, derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def test_two_tier_rule_keeps_host_hits():
+    """marconi+ ranks the host tier's victims by the two-tier rule (policy/host_tier.py):
+    on a small host pool under pressure it chooses its host victims itself (counted), both
+    tiers' invariants hold after every request, and it serves more prefix tokens (device +
+    host hits) than marconi+ with SGLang's host LRU on the same traffic."""
+    served = {}
+    for kind in ("marconi+", "marconi+-host-lru"):
+        cache, replayer = build("write_through", kind)
+        served[kind] = 0
+        for rr in random_requests(60, seed=0, output=20):
+            out = replayer.run(rr)
+            served[kind] += out.hit_len + out.host_hit_len
+            check_idle(cache)
+            check_host_idle(cache)
+        ranked = cache.marconi.stats.host_evicted
+        if kind == "marconi+":
+            assert ranked["full"] > 0
+        else:
+            assert sum(ranked.values()) == 0
+    assert served["marconi+"] > served["marconi+-host-lru"], served

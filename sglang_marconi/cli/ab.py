@@ -13,7 +13,8 @@ from sglang_marconi.cli.pool_flags import (add_pool_arguments, describe_pools, p
 from sglang_marconi.errors import UserError
 from sglang_marconi.model import resolve_model
 from sglang_marconi.policy import defaults
-from sglang_marconi.sglang_integration.options import MarconiSettings, parse_alpha, parse_alphas
+from sglang_marconi.sglang_integration.options import (HOST_RULES, MarconiSettings, parse_alpha,
+                                                       parse_alphas)
 from sglang_marconi.sim.traces import read_trace
 
 CACHE_NAMES = ("stock", "stock-python", "marconi", "marconi+", "marconi-paper")
@@ -121,6 +122,10 @@ def add_marconi_arguments(parser: argparse.ArgumentParser) -> None:
                         default=defaults.END_THRESHOLD,
                         help="marconi+ column: end-state reuse rate below which final "
                              "states are not kept")
+    parser.add_argument("--marconi-host-rule", choices=HOST_RULES, default=defaults.HOST_RULE,
+                        help="with a host tier (--hicache-*): ranked = host victims by the "
+                             "two-tier rule (FLOPs a host hit saves net of its PCIe load per "
+                             "host byte), lru = SGLang's host LRU")
     add_host_arguments(parser)
 
 
@@ -143,7 +148,8 @@ def _settings(args):
                                online_sample=args.marconi_online_sample,
                                renormalise_limit=args.marconi_renormalise_limit,
                                ghost_factor=args.marconi_ghost_factor,
-                               end_threshold=args.marconi_end_threshold)
+                               end_threshold=args.marconi_end_threshold,
+                               host_rule=args.marconi_host_rule)
     except ValueError as exc:
         raise UserError(str(exc)) from None
 
@@ -201,8 +207,12 @@ def format_table(results: dict) -> str:
             skipped = f"; end states skipped {m['end_states_skipped']}" if plus else ""
             policy = ("reuse-weighted FLOPs per byte with GDSF aging (no alpha)" if plus
                       else f"alpha={m['alpha']:g}{tuned}")
+            host = m.get("host_evicted", {})
+            ranked = (f"; host victims by the two-tier rule: KV leaves {host['full']}, "
+                      f"states {host['mamba']}" if "host" in c and host else "")
             lines.append(f"{n}: {policy}; admitted "
-                         f"{adm}; rejected {m['states_rejected']}{skipped}; evicted {ev}")
+                         f"{adm}; rejected {m['states_rejected']}{skipped}; evicted {ev}"
+                         f"{ranked}")
     return "\n".join(lines)
 
 

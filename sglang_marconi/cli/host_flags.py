@@ -39,12 +39,18 @@ def host_enabled(args) -> bool:
                 "hicache_storage_backend"))
 
 
+def ratio_for_size(size_gb: float, spec, kv_tokens: int, mamba_slots: int) -> float:
+    """Host slots per device slot for ``--hicache-size size_gb``, the same for both pools
+    (SGLang's proportional split)."""
+    device_bytes = kv_tokens * spec.kv_bytes_per_token + mamba_slots * spec.ssm_state_bytes
+    return size_gb * GB / device_bytes
+
+
 def host_ratio(args, spec, kv_tokens: int, mamba_slots: int) -> float:
-    """Host slots per device slot, the same for both pools (SGLang's proportional split)."""
+    """Host slots per device slot: ``--hicache-ratio`` or from ``--hicache-size``."""
     if args.hicache_size is None:
         return args.hicache_ratio or DEFAULT_RATIO
-    device_bytes = kv_tokens * spec.kv_bytes_per_token + mamba_slots * spec.ssm_state_bytes
-    return args.hicache_size * GB / device_bytes
+    return ratio_for_size(args.hicache_size, spec, kv_tokens, mamba_slots)
 
 
 def resolve_host(args, spec, kv_tokens: int, mamba_slots: int, unified) -> dict:

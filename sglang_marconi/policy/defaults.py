@@ -33,6 +33,9 @@ CHAIN_WEIGHT = None                # reuse weight of a chain state (one child, n
 GHOST_FACTOR = 10.0                # ghost index tokens = factor x the KV tokens the cache holds
 END_THRESHOLD = 0.05               # admit end states while their reuse rate is at least this
 
+# -- HiCache (a host tier) ----------------------------------------------------------------------
+HOST_RULE = "ranked"               # host victims by the two-tier rule (policy/host_tier.py); "lru": SGLang's
+
 # -- SGLang's mechanics the simulator mirrors ---------------------------------------------------
 INSERT_CLOCK_OFFSET = 0.5          # SGLang stamps an insert after the latest match
 

@@ -15,15 +15,13 @@ unified, the paper's admission (at most 2 states per request) as its own row.
 from __future__ import annotations
 
 import dataclasses
-import json
-import multiprocessing
 import warnings
 from pathlib import Path
 from typing import Optional
 
 from sglang_marconi.driver.sizing import size_pools
 from sglang_marconi.model import preset_spec
-from sglang_marconi.sim.traces import read_trace
+from sglang_marconi.reports import cell_runs
 
 MODELS = ("paper-7b", "qwen3_next")
 BUDGETS = (50, 100, 200)
@@ -57,17 +55,6 @@ def cell_key(c: dict) -> tuple:
     return (c["model"], c["gb"], c["memory"], c["ratio"], c["cache"])
 
 
-_REQUESTS: dict = {}
-
-
-def _requests(trace: str, limit: Optional[int]):
-    from sglang_marconi.harness.ab import to_replay_requests
-
-    key = (trace, limit)
-    if key not in _REQUESTS:
-        _REQUESTS.clear()
-        _REQUESTS[key] = to_replay_requests(read_trace(trace), limit)
-    return _REQUESTS[key]
 
 
 def run_cell(cell: dict, trace: str, limit: Optional[int] = None) -> dict:
@@ -80,7 +67,7 @@ def run_cell(cell: dict, trace: str, limit: Optional[int] = None) -> dict:
 
     spec = preset_spec(cell["model"])
     sizes = size_pools(spec, cell["gb"], cell["memory"], mamba_full_memory_ratio=cell["ratio"])
-    requests = _requests(trace, limit)
+    requests = cell_runs.requests(trace, limit)
     longest = max(len(r.input_ids) + max(1, r.output_len) for r in requests)
     pools = PoolConfig(kv_tokens=sizes.kv_tokens, mamba_slots=sizes.mamba_slots,
                        max_context_len=longest + 128)
@@ -103,30 +90,20 @@ def _work(args):
     return run_cell(cell, trace, limit)
 
 
+def _describe(row: dict) -> str:
+    return (f"{row['model']} {row['gb']} GB {mode_name(row['memory'], row['ratio'])} "
+            f"{row['cache']}: {row['flops_saved_fraction']:.2%} FLOPs saved, "
+            f"{row['wall_seconds']:.0f} s")
+
+
 def run(trace: str, out: Path, cells: list, processes: int = 2,
         limit: Optional[int] = None, progress=print) -> list:
     """Replay the cells not yet in ``out`` (JSON lines), ``processes`` at a time."""
-    done = load(out)
-    have = {cell_key(r) for r in done if r.get("limit") == limit}
-    todo = [c for c in cells if cell_key(c) not in have]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(processes) as pool, out.open("a") as fh:
-        for i, row in enumerate(pool.imap_unordered(_work, [(c, trace, limit) for c in todo])):
-            fh.write(json.dumps(row) + "\n")
-            fh.flush()
-            done.append(row)
-            progress(f"[{i + 1}/{len(todo)}] {row['model']} {row['gb']} GB "
-                     f"{mode_name(row['memory'], row['ratio'])} {row['cache']}: "
-                     f"{row['flops_saved_fraction']:.2%} FLOPs saved, "
-                     f"{row['wall_seconds']:.0f} s")
-    return done
+    return cell_runs.run(_work, trace, out, cells, cell_key, _describe, processes, limit,
+                         progress)
 
 
-def load(path: Path) -> list:
-    if not Path(path).is_file():
-        return []
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+load = cell_runs.load
 
 
 def analyze(rows: list) -> dict:

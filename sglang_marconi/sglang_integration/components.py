@@ -45,6 +45,8 @@ separately, so a victim is ranked by what it gives back to the pool that is shor
 """
 from __future__ import annotations
 
+import heapq
+
 from sglang.srt.mem_cache.unified_cache.components.base import (
     CacheTransferPhase,
     ComponentType,
@@ -55,6 +57,7 @@ from sglang.srt.mem_cache.unified_cache.components.base import (
 from sglang.srt.mem_cache.unified_cache.components.full import FullComponent
 from sglang.srt.mem_cache.unified_cache.components.mamba import MambaComponent
 
+from sglang_marconi.policy.host_tier import HostClock, HostRanking
 from sglang_marconi.policy.ranking import states_below
 from sglang_marconi.policy.scoring import VictimQueue
 
@@ -107,6 +110,20 @@ class _SGLangTree:
 
 
 SGLANG_TREE = _SGLangTree()
+
+
+def has_state_either_tier(node) -> bool:
+    cd = node.component_data[MAMBA]
+    return cd.value is not None or cd.host_value is not None
+
+
+class _TierTree(_SGLangTree):
+    """The two-tier view (HiCache): a state on the device or the host can end a hit."""
+
+    has_state = staticmethod(has_state_either_tier)
+
+
+TIER_TREE = _TierTree()
 
 
 def by_id(nodes) -> list:
@@ -169,6 +186,40 @@ class _ScoredQueue:
     def _still_candidate(self, node) -> bool:
         raise NotImplementedError
 
+    # -- HiCache: the host tier's victims, ranked by the two-tier rule ----------------------
+    host_clock = None
+
+    def _host_ranking(self, efficiency):
+        """``policy.host_tier.HostRanking`` of this component's host victims, or None to
+        keep SGLang's host LRU (``MarconiPolicyState.host_mode``)."""
+        policy = self.cache.marconi
+        mode = policy.host_mode
+        if mode is None:
+            return None
+        if self.host_clock is None:
+            self.host_clock = HostClock(f"_marconi_host_{self.component_type.name.lower()}")
+        return HostRanking(mode, efficiency, recency=lambda n: n.last_access_time,
+                           alpha=policy.alpha, clock=self.host_clock)
+
+    def _evict_host_node(self, x, key, tracker, device_frees, host_frees,
+                         cache_actions) -> None:
+        """A host leaf goes whole (SGLang's ``_evict_host_leaf``); anything else loses
+        this component's host value (MAMBA: a host tombstone, as in SGLang's host walk)."""
+        core = self.tree_core
+        if x in core.evictable_host_leaves:
+            core._evict_host_leaf(x, tracker, device_frees, host_frees,
+                                  cache_actions=cache_actions)
+        else:
+            core._evict_component_and_detach_lru(
+                x, self, target=EvictLayer.HOST, tracker=tracker, device_frees=device_frees,
+                host_frees=host_frees, cache_actions=cache_actions)
+            core._cascade_evict(x, self, tracker, device_frees=device_frees,
+                                host_frees=host_frees, target=EvictLayer.HOST,
+                                cache_actions=cache_actions)
+            core._update_evictable_leaf_sets(x)
+        self.host_clock.evicted(x, key)
+        self.cache.marconi.stats.host_evicted[self.component_type.name.lower()] += 1
+
 
 class MarconiMambaComponent(_ScoredQueue, MambaComponent):
     """MAMBA component: Marconi admission of intermediate states and scored eviction."""
@@ -209,8 +260,10 @@ class MarconiMambaComponent(_ScoredQueue, MambaComponent):
         if had and not has_state(node):
             if self.queue is not None:
                 self.queue.discard(node)
-            self.cache.marconi.forget_hits(node)
             rekey_state_change(self.cache, node)
+        if not has_state_either_tier(node) and (had or target is not EvictLayer.DEVICE):
+            # the hits go with the last copy of the state: a demoted state keeps them
+            self.cache.marconi.forget_hits(node)
         return out
 
     # -- locks: a locked state is not a candidate -------------------------------------------
@@ -316,6 +369,33 @@ class MarconiMambaComponent(_ScoredQueue, MambaComponent):
     def _evict_device_end(self) -> None:
         self._evict_device_cursor = None
         self._resume_handed()
+
+    # -- HiCache: host states ranked by the two-tier rule -----------------------------------
+    def _host_candidates(self) -> list:
+        """The states SGLang's MAMBA host walk may take: its host LRU list (host-only
+        states), host-unlocked."""
+        lru = self.tree_core.host_lru_lists[MAMBA]
+        out, x = [], lru.get_lru_no_host_lock()
+        while x is not None:
+            out.append(x)
+            x = lru.get_prev_no_host_lock(x)
+        return out
+
+    def drive_host_eviction(self, num_tokens, tracker, device_frees, host_frees,
+                            cache_actions) -> None:
+        ranking = (None if self.tree_core.enable_session_radix_cache
+                   else self._host_ranking(self.cache.marconi.host_state_efficiency))
+        if ranking is None:
+            return super().drive_host_eviction(num_tokens, tracker, device_frees,
+                                               host_frees, cache_actions)
+        lru = self.tree_core.host_lru_lists[MAMBA]
+        heap = ranking.heap(self._host_candidates())
+        while tracker[MAMBA] < num_tokens and heap:
+            key, _, x = heapq.heappop(heap)
+            cd = x.component_data[MAMBA]
+            if not lru.in_list(x) or cd.host_value is None or cd.host_lock_ref > 0:
+                continue
+            self._evict_host_node(x, key, tracker, device_frees, host_frees, cache_actions)
 
     # -- HiCache: a state loaded back from host is on the device again ---------------------
     def commit_hicache_transfer(self, node, phase, transfers=(), *, cache_actions,
@@ -431,3 +511,22 @@ class MarconiFullComponent(_ScoredQueue, FullComponent):
 
     def _evict_device_end(self) -> None:
         self._resume_handed()
+
+    def drive_host_eviction(self, num_tokens, tracker, device_frees, host_frees,
+                            cache_actions) -> None:
+        """SGLang's FULL host walk (host leaves, lowest key first, a parent that becomes a
+        host leaf joins) with the two-tier rule's keys instead of LRU."""
+        ranking = (None if self.cache.enable_session_radix_cache
+                   else self._host_ranking(self.cache.marconi.host_kv_efficiency))
+        if ranking is None:
+            return super().drive_host_eviction(num_tokens, tracker, device_frees,
+                                               host_frees, cache_actions)
+        leaves = self.tree_core.evictable_host_leaves
+        heap = ranking.heap(by_id(leaves))
+        while tracker[FULL] < num_tokens and heap:
+            key, _, x = heapq.heappop(heap)
+            if x not in leaves:
+                continue
+            self._evict_host_node(x, key, tracker, device_frees, host_frees, cache_actions)
+            if x.parent is not None and x.parent in leaves:
+                heapq.heappush(heap, ranking.entry(x.parent))

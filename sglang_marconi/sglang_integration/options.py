@@ -29,6 +29,8 @@ ENV_RENORMALISE = "SGLANG_MARCONI_RENORMALISE_LIMIT"
 ENV_PLUS = "SGLANG_MARCONI_PLUS"
 ENV_GHOST_FACTOR = "SGLANG_MARCONI_GHOST_FACTOR"
 ENV_END_THRESHOLD = "SGLANG_MARCONI_END_THRESHOLD"
+ENV_HOST_RULE = "SGLANG_MARCONI_HOST_RULE"
+HOST_RULES = ("ranked", "lru")
 ALPHA_MODES = ("auto", "online")
 
 # flags that the Marconi cache cannot honour (dest -> reason)
@@ -79,6 +81,9 @@ class MarconiSettings:
     plus: bool = False
     ghost_factor: float = defaults.GHOST_FACTOR
     end_threshold: float = defaults.END_THRESHOLD
+    # HiCache's host tier: "ranked" ranks host victims by the two-tier rule
+    # (policy/host_tier.py), "lru" leaves them to SGLang's host LRU
+    host_rule: str = defaults.HOST_RULE
 
     def __post_init__(self):
         parse_alpha(self.alpha)
@@ -90,6 +95,9 @@ class MarconiSettings:
                              f"got {self.ghost_factor}")
         if self.plus and self.alpha != 0.0:
             object.__setattr__(self, "alpha", 0.0)  # marconi+ ranks without an alpha
+        if self.host_rule not in HOST_RULES:
+            raise ValueError(f"--marconi-host-rule must be one of {', '.join(HOST_RULES)}, "
+                             f"got {self.host_rule!r}")
         if not 0 <= self.end_threshold <= 1:
             raise ValueError("--marconi-end-threshold must be in [0, 1], "
                              f"got {self.end_threshold}")
@@ -130,7 +138,8 @@ class MarconiSettings:
                 ENV_RENORMALISE: str(int(self.renormalise_limit)),
                 ENV_PLUS: "1" if self.plus else "0",
                 ENV_GHOST_FACTOR: repr(float(self.ghost_factor)),
-                ENV_END_THRESHOLD: repr(float(self.end_threshold))}
+                ENV_END_THRESHOLD: repr(float(self.end_threshold)),
+                ENV_HOST_RULE: self.host_rule}
 
     @classmethod
     def from_env(cls, environ=None) -> "MarconiSettings":
@@ -151,6 +160,7 @@ class MarconiSettings:
                 plus=_parse_bool(env.get(ENV_PLUS, "0"), ENV_PLUS),
                 ghost_factor=float(env.get(ENV_GHOST_FACTOR, default.ghost_factor)),
                 end_threshold=float(env.get(ENV_END_THRESHOLD, default.end_threshold)),
+                host_rule=env.get(ENV_HOST_RULE, default.host_rule),
             )
         except (TypeError, ValueError) as exc:
             raise ValueError(f"bad SGLANG_MARCONI_* setting: {exc}") from None
@@ -252,6 +262,13 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                        help="With --cache-policy marconi+: end-of-request states are kept "
                             "while the measured rate at which later requests reach them is "
                             f"at least this (0 keeps them all; default {defaults.END_THRESHOLD:g}).")
+    group.add_argument("--marconi-host-rule", dest="marconi_host_rule", choices=HOST_RULES,
+                       default=None,
+                       help="With --enable-hierarchical-cache: ranked = the host tier's "
+                            "victims go by the FLOPs a host hit saves net of its PCIe load "
+                            "per host byte (reuse-weighted and aged with marconi+, by the "
+                            "alpha utility with marconi); lru = SGLang's host LRU "
+                            f"(default {defaults.HOST_RULE}).")
     group.add_argument("--marconi-online-alphas", dest="marconi_online_alphas",
                        type=_alphas_arg, default=None,
                        help="With --marconi-alpha online: the alphas of the shadow caches, "
@@ -284,6 +301,7 @@ def settings_from_namespace(args) -> Optional[MarconiSettings]:
         ("--marconi-bootstrap-multiplier", "marconi_bootstrap_multiplier"),
         ("--marconi-max-states-per-request", "marconi_max_states"),
         ("--marconi-renormalise-limit", "marconi_renormalise_limit"),
+        ("--marconi-host-rule", "marconi_host_rule"),
         *_PLUS_FLAGS, *_ONLINE_FLAGS)}
     backend = getattr(args, "radix_cache_backend", None)
     if policy != "marconi":
@@ -342,6 +360,7 @@ def settings_from_namespace(args) -> Optional[MarconiSettings]:
         plus=plus,
         ghost_factor=pick("--marconi-ghost-factor", "ghost_factor"),
         end_threshold=pick("--marconi-end-threshold", "end_threshold"),
+        host_rule=pick("--marconi-host-rule", "host_rule"),
     )
 
 

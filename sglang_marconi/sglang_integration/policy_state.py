@@ -52,9 +52,12 @@ import logging
 from sglang_marconi.policy import defaults
 from sglang_marconi.policy.defaults import PAPER_MAX_STATES_PER_REQUEST
 from sglang_marconi.policy.mirror import state_pool_image
+from sglang_marconi.policy.host_tier import HostLink, host_efficiency
 from sglang_marconi.policy.ranking import ranked_efficiency
 from sglang_marconi.sglang_integration.admission_plans import NO_CAP, AdmissionPlans, RequestAdmission
-from sglang_marconi.sglang_integration.components import SGLANG_TREE, has_state
+from sglang_marconi.serving.gpu_model import host_link_preset
+from sglang_marconi.sglang_integration.components import MAMBA as SGLANG_MAMBA
+from sglang_marconi.sglang_integration.components import SGLANG_TREE, TIER_TREE, has_state
 from sglang_marconi.sglang_integration.options import MarconiSettings
 from sglang_marconi.sglang_integration.stats import MarconiStats
 
@@ -266,6 +269,35 @@ class MarconiPolicyState(AdmissionPlans):
     def kv_pool_efficiency(self, node) -> float:
         """FLOP efficiency of the node per byte of the token pool (its own KV tokens)."""
         return self._efficiency(node, self.spec.kv_bytes_per_token * len(node.key))
+
+    # -- the host tier (HiCache): the two-tier rule (policy/host_tier.py) -----------------
+    host_link: HostLink = host_link_preset()
+
+    @property
+    def host_mode(self):
+        """How host victims are ranked: ``gdsf`` (marconi+), ``marconi`` (the alpha
+        utility), or None for SGLang's host LRU (``--marconi-host-rule lru``, or marconi at
+        alpha 0, where the utility is LRU)."""
+        if self.settings.host_rule == "lru":
+            return None
+        if self.reuse is not None:
+            return "gdsf"
+        return "marconi" if self.alpha else None
+
+    def _host_efficiency(self, node, held_bytes: float) -> float:
+        return host_efficiency(self.spec, self.host_link, TIER_TREE, node, len(node.key),
+                               held_bytes,
+                               self.reuse_weight if self.reuse is not None else None)
+
+    def host_kv_efficiency(self, node) -> float:
+        """A host leaf's worth per host byte it frees: its own KV (and its host state)."""
+        state = self.spec.ssm_state_bytes if node.component_data[
+            SGLANG_MAMBA].host_value is not None else 0
+        return self._host_efficiency(node, self.spec.kv_bytes_per_token * len(node.key) + state)
+
+    def host_state_efficiency(self, node) -> float:
+        """A host state's worth per byte of the host state pool (one state)."""
+        return self._host_efficiency(node, self.spec.ssm_state_bytes)
 
     # -- admission (the plans: admission_plans.AdmissionPlans) ---------------------------
     def tick(self, req) -> None:

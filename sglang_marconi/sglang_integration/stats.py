@@ -55,6 +55,9 @@ class MarconiStats:
     shadow_nodes: int = 0
     tree_tokens: int = 0           # token ids held by the real tree (its KV tokens)
     loaded_back: int = 0           # HiCache: states loaded back from the host tier
+    # HiCache: host victims the two-tier rule chose ("full": host leaves, "mamba": host
+    # states; 0 while SGLang's host LRU decides: MarconiSettings.host_rule)
+    host_evicted: Counter = field(default_factory=Counter)
 
     @property
     def token_hit_rate(self) -> float:
@@ -87,6 +90,7 @@ class MarconiStats:
             "end_states_skipped": self.end_states_skipped,
             "states_evicted": {r: self.evicted[r] for r in EVICT_REASONS},
             "alpha_mode": self.alpha_mode,
+            "host_evicted": {t: self.host_evicted[t] for t in ("full", "mamba")},
             "bookkeeping_seconds": self.bookkeeping_seconds,
             **({"online": self.online_dict()} if self.alpha_mode == "online" else {}),
         }

@@ -1,0 +1,116 @@
+"""The two-tier rule (``policy/host_tier.py``): a host hit's worth net of its PCIe load,
+per host byte; the host victims' order (GDSF aging for marconi+, the alpha utility for
+marconi, LRU at alpha 0); the PCIe constants of the time model."""
+import heapq
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import pytest
+
+from sglang_marconi.model import preset_spec
+from sglang_marconi.policy.host_tier import (HostClock, HostLink, HostRanking, host_efficiency,
+                                             host_hit_value)
+from sglang_marconi.serving.gpu_model import PRESETS, host_link_preset
+
+SPEC = preset_spec("paper-7b")
+LINK = HostLink(bytes_s=64e9, prefill_flops_s=445e12)
+
+
+@dataclass(eq=False)
+class Node:
+    depth: int
+    state: bool
+    parent: "Node" = None
+    children: list = field(default_factory=list)
+
+
+# the ranking's view of these nodes (policy.ranking.TreeAdapter)
+Tree = SimpleNamespace(depth=lambda n: n.depth, has_state=lambda n: n.state,
+                       parent=lambda n: n.parent, children=lambda n: n.children)
+
+
+def chain(*specs):
+    """root -> nodes of (depth, state) in order; returns them (root first)."""
+    nodes = [Node(0, False)]
+    for depth, state in specs:
+        n = Node(depth, state, parent=nodes[-1])
+        nodes[-1].children.append(n)
+        nodes.append(n)
+    return nodes
+
+
+def test_load_costs_flops_at_the_link_rate():
+    assert LINK.load_flops(64e9) == pytest.approx(445e12)  # one second of the GPU
+    saved = SPEC.flops_saved(4096, 1024)
+    load = 3072 * SPEC.kv_bytes_per_token + SPEC.ssm_state_bytes
+    assert host_hit_value(SPEC, LINK, 4096, 1024, load) == pytest.approx(
+        saved - LINK.load_flops(load))
+    assert 0 < host_hit_value(SPEC, LINK, 4096, 1024, load) < saved
+    # a load slower than the recompute is worth nothing, never negative
+    slow = HostLink(bytes_s=1.0, prefill_flops_s=445e12)
+    assert host_hit_value(SPEC, slow, 4096, 1024, load) == 0.0
+
+
+def test_efficiency_is_net_worth_per_host_byte_from_the_nearest_state_on_either_tier():
+    root, a, b, c = chain((1024, True), (2048, False), (4096, True))
+    own = 2048
+    held = own * SPEC.kv_bytes_per_token + SPEC.ssm_state_bytes
+    load = own * SPEC.kv_bytes_per_token + SPEC.ssm_state_bytes
+    want = host_hit_value(SPEC, LINK, 4096, 1024, load) / held  # b has no state: from a
+    assert host_efficiency(SPEC, LINK, Tree, c, own, held) == pytest.approx(want)
+    assert host_efficiency(SPEC, LINK, Tree, c, own, held, weight=lambda n: 3.0) == \
+        pytest.approx(3 * want)
+    assert host_efficiency(SPEC, LINK, Tree, b, 1024, held) == 0.0  # no state: no hit ends
+    assert host_efficiency(SPEC, LINK, Tree, c, own, 0) == 0.0
+    a.state = False  # the nearest state is now the root
+    assert host_efficiency(SPEC, LINK, Tree, c, own, held) == pytest.approx(
+        host_hit_value(SPEC, LINK, 4096, 0, load) / held)
+
+
+def pops(heap):
+    return [heapq.heappop(heap)[2] for _ in range(len(heap))]
+
+
+def test_gdsf_ranks_by_worth_then_ages_with_the_clock():
+    x, y, z = Node(1, True), Node(2, True), Node(3, True)
+    eff = {x: 5.0, y: 1.0, z: 3.0}
+    touched = {x: 0, y: 0, z: 0}
+    clock = HostClock()
+    ranking = HostRanking("gdsf", eff.get, touched.get, clock=clock)
+    heap = ranking.heap([x, y, z])
+    assert pops(list(heap)) == [y, z, x]
+    key, _, victim = heapq.heappop(heap)
+    clock.evicted(victim, key)
+    assert clock.value == 1.0
+    # z touched after the clock moved: its base is now 1.0 (1 + 3 = 4 < x's 0 + 5 = 5);
+    # x untouched keeps base 0
+    touched[z] = 7
+    assert ranking.key(z) == 4.0 and ranking.key(x) == 5.0
+    eff[x] = 3.5  # x loses worth: it now ages out before z
+    assert pops(ranking.heap([x, z])) == [x, z]
+
+
+def test_marconi_mode_is_lru_at_alpha_zero_and_the_utility_otherwise():
+    old, new = Node(1, True), Node(2, True)
+    eff = {old: 10.0, new: 1.0}
+    rec = {old: 1.0, new: 2.0}
+    assert pops(HostRanking("marconi", eff.get, rec.get).heap([new, old])) == [old, new]
+    # alpha 2: norm(rec) + 2 norm(eff): old = 0 + 2, new = 1 + 0
+    ranking = HostRanking("marconi", eff.get, rec.get, alpha=2.0)
+    assert pops(ranking.heap([new, old])) == [new, old]
+    assert ranking.key(old) == pytest.approx(2.0) and ranking.key(new) == pytest.approx(1.0)
+
+
+def test_bad_modes_are_named():
+    with pytest.raises(ValueError, match="unknown mode 'lfu'"):
+        HostRanking("lfu", float, float)
+    with pytest.raises(ValueError, match="gdsf needs a HostClock"):
+        HostRanking("gdsf", float, float)
+
+
+def test_pcie_constants_are_one_direction_of_the_datasheets_figure():
+    assert PRESETS["a100"].pcie_bytes_s == 32e9  # "PCIe Gen4: 64 GB/s"
+    assert PRESETS["h100"].pcie_bytes_s == PRESETS["h200"].pcie_bytes_s == 64e9  # Gen5 128
+    link = host_link_preset("h200", pcie_bytes_s=32e9)
+    assert link.bytes_s == 32e9
+    assert link.prefill_flops_s == pytest.approx(PRESETS["h200"].mfu * 989e12)
