@@ -19,6 +19,7 @@ from sglang_marconi.driver.sizing import size_pools
 from sglang_marconi.errors import UserError
 from sglang_marconi.model import resolve_model
 from sglang_marconi.serving.gpu_model import PRESETS, GpuTimeModel, preset
+from sglang_marconi.serving.metrics import bookkeeping_ratios
 from sglang_marconi.serving.router import ROUTERS, make_router
 from sglang_marconi.serving.router_marconi import BRANCH_WEIGHT, LOAD_PENALTY, CostRouter
 from sglang_marconi.sim.traces import read_trace
@@ -252,14 +253,28 @@ def _run(args) -> int:
         from sglang_marconi.serving.plots import plot_serving
 
         plot_serving(result, args.plot, f"{setup.spec.name} on {args.gpu}, {sizes.describe()}")
+    ratios = bookkeeping_ratios(result["runs"]) if args.bookkeeping == "measured" else []
     if args.json:
-        json.dump({"runs": result["runs"], "config": config}, sys.stdout, indent=2)
+        json.dump({"runs": result["runs"], "bookkeeping_ratios": ratios, "config": config},
+                  sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print(f"serve-sim {args.trace}: {len(requests)} requests, model {setup.spec.name}; "
               f"{sizes.describe()}; {setup.time_model.describe()}")
         print(format_table(result["runs"]))
+        for line in format_ratios(ratios):
+            print(line)
     return 0
+
+
+def format_ratios(ratios) -> list:
+    """One line per cache and load: its total bookkeeping over stock's and stock-python's."""
+    def times(x):
+        return "-" if x is None else f"{x:.2f}x"
+
+    return [f"bookkeeping {r['cache']}@{r['load']}: {r['bookkeeping_s_total']:.2f} s, "
+            f"{times(r['vs_stock'])} stock (compiled core), "
+            f"{times(r['vs_stock_python'])} stock-python" for r in ratios]
 
 
 def router_options(args) -> dict:
