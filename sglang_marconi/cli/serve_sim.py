@@ -110,7 +110,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="instead of --load: multiply the trace's timestamps by this")
     a.add_argument("--clients", type=_positive, default=None,
                    help="closed loop: at most N requests in the server")
-    a.add_argument("--seed", type=int, default=0, help="Poisson arrivals (no timestamps)")
+    a.add_argument("--arrivals", choices=("trace", "poisson"), default="trace",
+                   help="with --load: the trace's timestamps rescaled (trace), or seeded "
+                        "Poisson arrivals at the same rate in the trace's order (poisson; "
+                        "also what a trace without timestamps gets)")
+    a.add_argument("--seed", type=int, default=0,
+                   help="seed of the Poisson arrival process (--arrivals poisson, or a "
+                        "trace without timestamps)")
     parser.add_argument("--caches", default="stock,marconi,marconi+",
                         help=f"comma-separated subset of {', '.join(CACHE_NAMES)}")
     r = parser.add_argument_group(
@@ -209,7 +215,7 @@ def build_setup(args):
     setup = ServeSetup(spec=spec, time_model=GpuTimeModel(spec, gpu), pools=pools,
                        sched=sched, settings=settings_from_args(args),
                        timestamps=[r.timestamp for r in trace.requests], seed=args.seed,
-                       unified=unified)
+                       unified=unified, poisson=args.arrivals == "poisson")
     return requests, setup, sizes
 
 
@@ -242,7 +248,7 @@ def _run(args) -> int:
     config = {"trace": str(args.trace), "model": setup.spec.name, "requests": len(requests),
               "gpu": setup.time_model.gpu.as_dict(), "pools": sizes.as_dict(),
               "schedule_policy": args.schedule_policy, "bookkeeping": args.bookkeeping,
-              "clients": args.clients,
+              "clients": args.clients, "arrivals": args.arrivals, "seed": args.seed,
               "loop": "normal" if args.disable_overlap_schedule else "overlap"}
     if routers is not None:
         return _run_cluster(args, requests, setup, sizes, caches, loads, routers, options,
