@@ -83,6 +83,9 @@ def main(argv=None) -> int:
     ap.add_argument("--caches", default="stock,marconi,marconi+")
     ap.add_argument("--seeds", default="0,1,2", help="seeds of the Poisson arrivals")
     ap.add_argument("--limit", default="600", help="first N requests of each trace")
+    ap.add_argument("--bookkeeping", default="cpu", choices=("measured", "cpu", "off"),
+                    help="serve-sim's --bookkeeping (cpu: the cache's thread CPU time, "
+                         "robust to a shared machine)")
     ap.add_argument("--gpu", default="h200")
     ap.add_argument("--cache-gb", default="100")
     ap.add_argument("--json-dir", default=str(ROOT / "docs" / "serving_grid"))
@@ -104,7 +107,8 @@ def main(argv=None) -> int:
         cmd = [sys.executable, "-m", "sglang_marconi", "serve-sim", "--trace", str(trace),
                "--model", model, "--gpu", args.gpu, "--cache-gb", args.cache_gb,
                "--memory", memory, "--load", args.loads, "--caches", args.caches,
-               "--arrivals", "poisson", "--seed", str(seed), "--json", "--no-progress"]
+               "--arrivals", "poisson", "--seed", str(seed), "--bookkeeping", args.bookkeeping,
+               "--json", "--no-progress"]
         if loop == "normal":
             cmd.append("--disable-overlap-schedule")
         if args.limit:

@@ -149,9 +149,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "the request would checkpoint there would save (0: reuse only)")
     parser.add_argument("--limit", type=_positive, default=None,
                         help="only the first N requests")
-    parser.add_argument("--bookkeeping", choices=("measured", "off"), default="measured",
-                        help="add the cache's measured CPU time to the clock (off: "
-                             "deterministic)")
+    parser.add_argument("--bookkeeping", choices=("measured", "cpu", "off"), default="measured",
+                        help="add the cache's measured time to the clock: wall time "
+                             "(measured), the thread's CPU time (cpu: what a call costs "
+                             "without other processes' turns on a shared machine), or "
+                             "nothing (off: deterministic)")
     add_marconi_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--plot", metavar="PNG", help="TTFT CDFs and P95 TTFT vs load")
@@ -204,7 +206,8 @@ def build_setup(args):
                             chunked_prefill_size=args.chunked_prefill_size,
                             max_prefill_tokens=args.max_prefill_tokens,
                             schedule_policy=args.schedule_policy,
-                            measure_bookkeeping=args.bookkeeping == "measured",
+                            measure_bookkeeping=args.bookkeeping != "off",
+                            bookkeeping_cpu_time=args.bookkeeping == "cpu",
                             clients=args.clients,
                             overlap=not args.disable_overlap_schedule)
     unified = None
@@ -259,7 +262,7 @@ def _run(args) -> int:
         from sglang_marconi.serving.plots import plot_serving
 
         plot_serving(result, args.plot, f"{setup.spec.name} on {args.gpu}, {sizes.describe()}")
-    ratios = bookkeeping_ratios(result["runs"]) if args.bookkeeping == "measured" else []
+    ratios = bookkeeping_ratios(result["runs"]) if args.bookkeeping != "off" else []
     if args.json:
         json.dump({"runs": result["runs"], "bookkeeping_ratios": ratios, "config": config},
                   sys.stdout, indent=2)
