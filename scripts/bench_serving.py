@@ -48,8 +48,9 @@ def workload_trace(name: str, build_dir: Path) -> Path:
         return Path(MOONCAKE_TRACE)
     if name != "chat-long":
         raise SystemExit(f"--workloads: unknown workload {name!r} (bundled, chat-long)")
-    path = build_dir / "chat_long.jsonl"
+    path = build_dir / "chat_long.jsonl"  # build/: git-ignored, regenerated when absent
     if not path.is_file():
+        build_dir.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "sglang_marconi", "gen-trace", *CHAT_LONG, "-o", str(path)]
         print("$", shlex.join(cmd[1:]), flush=True)
         subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
@@ -103,7 +104,7 @@ def main(argv=None) -> int:
     for model, workload, memory, loop, seed in cells(args):
         tag = f"{model.replace('-', '_')}_{workload}_{memory}_{loop}_seed{seed}"
         saved = json_dir / f"{tag}.json"
-        trace = workload_trace(workload, json_dir)
+        trace = workload_trace(workload, ROOT / "build" / "traces")
         cmd = [sys.executable, "-m", "sglang_marconi", "serve-sim", "--trace", str(trace),
                "--model", model, "--gpu", args.gpu, "--cache-gb", args.cache_gb,
                "--memory", memory, "--load", args.loads, "--caches", args.caches,
