@@ -184,3 +184,63 @@ def test_report_verdicts_and_markdown():
     text = serving_report.markdown({"m": {"runs": good, "config": {"pools": pools,
                                                                      "requests": 4}}}, "cmd")
     assert "**PASS**" in text and text.count("\n| m |") == 4
+
+
+def test_poisson_arrivals_are_seeded_and_keep_the_load(spec, requests):
+    from sglang_marconi.serving.arrivals import arrivals_for_load, offered_seconds
+    from sglang_marconi.serving.gpu_model import GpuTimeModel, preset
+
+    tm = GpuTimeModel(spec, preset("h200"))
+    ts = [i * 1.0 for i in range(100)]
+    reqs = requests[:100]
+    trace = arrivals_for_load(ts, reqs, tm, 0.8, batch=4)
+    a, b = (arrivals_for_load(ts, reqs, tm, 0.8, seed=s, batch=4, poisson=True) for s in (1, 2))
+    assert a == arrivals_for_load(ts, reqs, tm, 0.8, seed=1, batch=4, poisson=True)
+    assert a != b and a != trace and a == sorted(a) and a[0] == 0.0
+    # the same mean rate: the offered work over the span, within Poisson noise
+    span = offered_seconds(reqs, tm, 4) / 0.8
+    assert 0.6 * span < a[-1] < 1.4 * span
+
+
+def test_grid_rows_medians_ratios_and_verdicts():
+    from sglang_marconi.reports import serving_grid
+
+    def run(cache, load, p95):
+        return {"cache": cache, "load": load, "ttft_p50_s": p95 / 4, "ttft_p95_s": p95,
+                "flops_saved_fraction": 0.1, "busy_fraction": 0.9, "overloaded": p95 > 9,
+                "cpu_critical_fraction": 0.01, "gc_pause_s_max": 0.01,
+                "bookkeeping_ms_per_step_max": 3.0, "bookkeeping_s_total": 1.0}
+
+    cells = []
+    for seed, (stock, plus) in enumerate([(2.0, 1.0), (4.0, 3.0), (10.0, 4.0)]):
+        runs = [run("stock", 0.8, stock), run("marconi+", 0.8, plus),
+                run("stock", 0.5, 1.0), run("marconi", 0.5, 1.1)]
+        cells.append({"model": "paper-7b", "workload": "bundled", "memory": "unified",
+                      "loop": "overlap", "seed": seed, "runs": runs})
+    rows = serving_grid.rows(cells)
+    plus = next(r for r in rows if r["cache"] == "marconi+")
+    # medians over seeds: of P95 (1, 3, 4) -> 3; of the per-seed ratios (0.5, 0.75, 0.4)
+    assert plus["ttft_p95_s"] == 3.0 and plus["p95_vs_stock"] == 0.5
+    assert plus["overloaded"] == "0/3" and plus["seeds"] == 3
+    assert next(r for r in rows if r["cache"] == "stock" and r["load"] == 0.8)[
+        "overloaded"] == "1/3"
+    verdicts = {t: v for t, v, _ in serving_grid.verdicts(rows)}
+    assert verdicts["paper-7b, bundled: marconi and marconi+ P95 <= 1.02x stock at every "
+                    "load"] == "MISS"   # marconi 1.1x at 0.5
+    assert verdicts["paper-7b, bundled trace, load 0.8: marconi+ P95 <= 0.8x stock"] == "PASS"
+    text = serving_grid.markdown(rows, "cmd")
+    assert text.count("\n| paper-7b |") == 4 and "**MISS**" in text and "**PASS**" in text
+
+
+def test_bookkeeping_ratios_against_both_stock_cores():
+    from sglang_marconi.cli.serve_sim import format_ratios
+    from sglang_marconi.serving.metrics import bookkeeping_ratios
+
+    runs = [{"cache": c, "load": 0.8, "bookkeeping_s_total": s}
+            for c, s in (("stock", 2.0), ("stock-python", 1.0), ("marconi+", 1.5))]
+    runs.append({"cache": "marconi+", "load": 0.5, "bookkeeping_s_total": 1.0})
+    got = bookkeeping_ratios(runs)
+    assert got[0] == {"load": 0.8, "cache": "marconi+", "bookkeeping_s_total": 1.5,
+                      "vs_stock": 0.75, "vs_stock_python": 1.5}
+    assert got[1]["vs_stock"] is None  # no stock run at 0.5
+    assert "1.50x stock-python" in format_ratios(got)[0]

@@ -19,6 +19,7 @@ from sglang_marconi.driver.sizing import size_pools
 from sglang_marconi.errors import UserError
 from sglang_marconi.model import resolve_model
 from sglang_marconi.serving.gpu_model import PRESETS, GpuTimeModel, preset
+from sglang_marconi.serving.metrics import bookkeeping_ratios
 from sglang_marconi.serving.router import ROUTERS, make_router
 from sglang_marconi.serving.router_marconi import (AFFINITY_THRESHOLD, BRANCH_WEIGHT,
                                                    LOAD_PENALTY, CostRouter)
@@ -122,7 +123,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="instead of --load: multiply the trace's timestamps by this")
     a.add_argument("--clients", type=_positive, default=None,
                    help="closed loop: at most N requests in the server")
-    a.add_argument("--seed", type=int, default=0, help="Poisson arrivals (no timestamps)")
+    a.add_argument("--arrivals", choices=("trace", "poisson"), default="trace",
+                   help="with --load: the trace's timestamps rescaled (trace), or seeded "
+                        "Poisson arrivals at the same rate in the trace's order (poisson; "
+                        "also what a trace without timestamps gets)")
+    a.add_argument("--seed", type=int, default=0,
+                   help="seed of the Poisson arrival process (--arrivals poisson, or a "
+                        "trace without timestamps)")
     parser.add_argument("--caches", default="stock,marconi,marconi+",
                         help=f"comma-separated subset of {', '.join(CACHE_NAMES)}")
     r = parser.add_argument_group(
@@ -166,9 +173,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "the score (saved FLOPs - load penalty x queued FLOPs) instead")
     parser.add_argument("--limit", type=_positive, default=None,
                         help="only the first N requests")
-    parser.add_argument("--bookkeeping", choices=("measured", "off"), default="measured",
-                        help="add the cache's measured CPU time to the clock (off: "
-                             "deterministic)")
+    parser.add_argument("--bookkeeping", choices=("measured", "cpu", "off"), default="measured",
+                        help="add the cache's measured time to the clock: wall time "
+                             "(measured), the thread's CPU time (cpu: what a call costs "
+                             "without other processes' turns on a shared machine), or "
+                             "nothing (off: deterministic)")
     add_marconi_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--plot", metavar="PNG", help="TTFT CDFs and P95 TTFT vs load")
@@ -221,7 +230,8 @@ def build_setup(args):
                             chunked_prefill_size=args.chunked_prefill_size,
                             max_prefill_tokens=args.max_prefill_tokens,
                             schedule_policy=args.schedule_policy,
-                            measure_bookkeeping=args.bookkeeping == "measured",
+                            measure_bookkeeping=args.bookkeeping != "off",
+                            bookkeeping_cpu_time=args.bookkeeping == "cpu",
                             clients=args.clients,
                             overlap=not args.disable_overlap_schedule)
     unified = None
@@ -232,7 +242,7 @@ def build_setup(args):
     setup = ServeSetup(spec=spec, time_model=GpuTimeModel(spec, gpu), pools=pools,
                        sched=sched, settings=settings_from_args(args),
                        timestamps=[r.timestamp for r in trace.requests], seed=args.seed,
-                       unified=unified)
+                       unified=unified, poisson=args.arrivals == "poisson")
     return requests, setup, sizes
 
 
@@ -270,7 +280,7 @@ def _run(args) -> int:
     config = {"trace": str(args.trace), "model": setup.spec.name, "requests": len(requests),
               "gpu": setup.time_model.gpu.as_dict(), "pools": sizes.as_dict(),
               "schedule_policy": args.schedule_policy, "bookkeeping": args.bookkeeping,
-              "clients": args.clients,
+              "clients": args.clients, "arrivals": args.arrivals, "seed": args.seed,
               "loop": "normal" if args.disable_overlap_schedule else "overlap"}
     if routers is not None:
         return _run_cluster(args, requests, setup, sizes, caches, loads, routers, options,
@@ -281,14 +291,28 @@ def _run(args) -> int:
         from sglang_marconi.serving.plots import plot_serving
 
         plot_serving(result, args.plot, f"{setup.spec.name} on {args.gpu}, {sizes.describe()}")
+    ratios = bookkeeping_ratios(result["runs"]) if args.bookkeeping != "off" else []
     if args.json:
-        json.dump({"runs": result["runs"], "config": config}, sys.stdout, indent=2)
+        json.dump({"runs": result["runs"], "bookkeeping_ratios": ratios, "config": config},
+                  sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print(f"serve-sim {args.trace}: {len(requests)} requests, model {setup.spec.name}; "
               f"{sizes.describe()}; {setup.time_model.describe()}")
         print(format_table(result["runs"]))
+        for line in format_ratios(ratios):
+            print(line)
     return 0
+
+
+def format_ratios(ratios) -> list:
+    """One line per cache and load: its total bookkeeping over stock's and stock-python's."""
+    def times(x):
+        return "-" if x is None else f"{x:.2f}x"
+
+    return [f"bookkeeping {r['cache']}@{r['load']}: {r['bookkeeping_s_total']:.2f} s, "
+            f"{times(r['vs_stock'])} stock (compiled core), "
+            f"{times(r['vs_stock_python'])} stock-python" for r in ratios]
 
 
 def router_options(args) -> dict:

@@ -124,7 +124,7 @@ class Replayer:
 
     def __init__(self, tree_cache, chunked_prefill_size: int = 8192,
                  mamba_chunk_size: int = 64, publish_last_chunk: bool = True,
-                 overlap: bool = False):
+                 overlap: bool = False, evict_every_decode_step: bool = False):
         """``publish_last_chunk``: SGLang's ``checkpoint_kv_cache`` after the last prefill
         chunk of a request that goes on to decode (what the live server does, checked by
         tests/live). False drops that one call: the sequence the simulator's image of
@@ -138,7 +138,16 @@ class Replayer:
         stop-token overshoot and its last result has no lookahead; the decode-track
         snapshots land on the same slots and lengths (the ping-pong swap moves one result
         earlier, still before the next batch is prepared); the tracking slots per request
-        (2 under overlap, 1 without) are the pools' (``PoolConfig.overlap_schedule``)."""
+        (2 under overlap, 1 without) are the pools' (``PoolConfig.overlap_schedule``).
+
+        ``evict_every_decode_step``: SGLang's paged decode allocation asks the tree to free
+        a whole page per request on every decode step, inside a page too
+        (``alloc_paged_token_slots_decode``: "assume each request needs a new page",
+        allocation.py 583-585); the replay's shortcut inside a page skips that call, so when
+        fewer than a page of KV is free mid-page it evicts one step later than SGLang.
+        True makes the call (serve-sim's scheduler runs SGLang's own code, so it always
+        does); False keeps the figures measured before (and the simulator's image of
+        SGLang, ``policy.stock``, which models the page-boundary eviction)."""
         from sglang.srt.runtime_context import (
             get_exec,
             mamba_checkpoint_grid,
@@ -150,6 +159,7 @@ class Replayer:
         self.mamba_chunk_size = mamba_chunk_size
         self.publish_last_chunk = publish_last_chunk
         self.overlap = overlap
+        self.evict_every_decode_step = evict_every_decode_step
         self.extra_buffer = bool(get_exec().mamba.enable_mamba_extra_buffer)
         self.grid = mamba_checkpoint_grid(tree_cache.page_size)
         self.track_grid = mamba_track_grid(tree_cache.page_size)
@@ -216,6 +226,7 @@ class Replayer:
         inside a page the paged allocator only hands out ``last_loc + 1``, which is
         written directly (the same row write and length bumps, 60x fewer torch calls)."""
         from sglang.srt.mem_cache.allocation import alloc_for_decode_default
+        from sglang.srt.mem_cache.common import evict_from_tree_cache
 
         seq_len = req.kv.kv_committed_len
         if seq_len % self.cache.page_size == 0:
@@ -223,6 +234,8 @@ class Replayer:
             batch.set_seq_lens([seq_len])
             alloc_for_decode_default(batch, 1)
         else:
+            if self.evict_every_decode_step:  # alloc_paged_token_slots_decode 583-585
+                evict_from_tree_cache(self.cache, self.cache.page_size)
             row = self.cache.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
             row[seq_len] = row[seq_len - 1] + 1
             req.kv.kv_allocated_len += 1

@@ -54,6 +54,8 @@ class ABConfig:
     # SGLang's scheduler loop: overlap (its default) or normal (--disable-overlap-schedule);
     # what differs for one request at a time: driver.replay.Replayer(overlap=...)
     overlap: bool = True
+    # SGLang's page-per-request eviction on every decode step (driver.replay.Replayer)
+    evict_every_decode_step: bool = False
 
 
 @dataclass
@@ -218,7 +220,8 @@ def _run_one(name, requests, cfg, progress, per_request, stack) -> dict:
     pauses = GCPauses()
     calls = CallTimer(cache, pauses)
     replayer = Replayer(cache, chunked_prefill_size=cfg.pools.chunked_prefill_size,
-                        overlap=cfg.overlap)
+                        overlap=cfg.overlap,
+                        evict_every_decode_step=cfg.evict_every_decode_step)
     spec = cfg.spec
     hit = inp = 0
     saved = total_flops = 0.0

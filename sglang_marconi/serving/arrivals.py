@@ -16,7 +16,8 @@ server is busier than that in time: it runs a decode step whenever one request d
 however small the batch, so the GPU's achieved busy fraction (``busy_fraction`` in the
 results) is above ``L``. (Before this, ``--load`` counted prefill FLOPs only and decode came
 on top: 0.8 overloaded the server.) A trace without timestamps (all equal: generators,
-session traces without ``ts``) gets seeded Poisson arrivals at that rate. ``--rate-scale S``
+session traces without ``ts``) gets seeded Poisson arrivals at that rate, and so does any
+trace with ``--arrivals poisson`` (its order kept, its timestamps ignored). ``--rate-scale S``
 is the raw alternative: timestamps times S (0: everything arrives at once).
 """
 from __future__ import annotations
@@ -48,13 +49,16 @@ def offered_seconds(requests, time_model, batch: int, chunk: int = 8192) -> floa
 
 
 def arrivals_for_load(timestamps, requests, time_model, load: float, seed: int = 0,
-                      batch: int = 1, chunk: int = 8192):
-    """Arrival seconds (sorted like ``timestamps``) for offered load ``load`` (> 0)."""
+                      batch: int = 1, chunk: int = 8192, poisson: bool = False):
+    """Arrival seconds (sorted like ``timestamps``) for offered load ``load`` (> 0).
+    ``poisson``: seeded Poisson arrivals at that rate in the trace's order even where the
+    trace has timestamps (``--arrivals poisson``: the seed then varies the arrival process,
+    the requests and their order stay the trace's)."""
     ts = np.asarray(timestamps, dtype=float)
     span = offered_seconds(requests, time_model, batch, chunk) / load
     t0 = ts.min() if len(ts) else 0.0
     width = (ts.max() - t0) if len(ts) else 0.0
-    if width > 0:
+    if width > 0 and not poisson:
         return list((ts - t0) * (span / width))
     rng = np.random.default_rng(seed)
     gaps = rng.exponential(span / max(1, len(ts)), size=len(ts))

@@ -8,6 +8,10 @@ fully deterministic (the tests run so); with it on, the virtual clock includes t
 machine's measured bookkeeping time, so TTFTs vary slightly from run to run. The
 garbage collector's pauses inside a call (``gc_pauses``, the replay's own heap: a server's
 scheduler holds no trace) are not the cache's time: they are subtracted and reported apart.
+
+``cpu=True`` reads the thread's CPU time (``time.thread_time``) instead of the wall clock:
+on a shared machine a preempted call's wall time includes other processes' turns, which a
+server's scheduler core would not pay (``serve-sim --bookkeeping cpu``).
 """
 from __future__ import annotations
 
@@ -21,8 +25,10 @@ ENTRY_POINTS = ("match_prefix", "checkpoint", "evict", "insert", "inc_lock_ref",
 
 
 class CacheTimer:
-    def __init__(self, cache, enabled: bool = True, gc_pauses: GCPauses | None = None):
+    def __init__(self, cache, enabled: bool = True, gc_pauses: GCPauses | None = None,
+                 cpu: bool = False):
         self.enabled = enabled
+        self.clock = time.thread_time if cpu else time.perf_counter
         self.gc = gc_pauses
         self._depth = 0
         self._seconds = 0.0
@@ -36,14 +42,14 @@ class CacheTimer:
         def timed(*args, **kwargs):
             outer = not self._depth
             self._depth += 1
-            t0 = time.perf_counter() if outer else 0.0
+            t0 = self.clock() if outer else 0.0
             gc0 = self.gc.total if outer and self.gc is not None else 0.0
             try:
                 return fn(*args, **kwargs)
             finally:
                 self._depth -= 1
                 if outer:
-                    own = time.perf_counter() - t0
+                    own = self.clock() - t0
                     self._seconds += own if self.gc is None else self.gc.exclude(own, gc0)
         return timed
 

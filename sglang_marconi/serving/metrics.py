@@ -126,3 +126,23 @@ def summarize(sched, spec, cache: str, load, wall_s: float) -> dict:
 def ttfts(sched) -> list:
     return sorted(r.first_token - r.arrival for r in sched.records.values()
                   if r.finished is not None)
+
+
+def bookkeeping_ratios(runs) -> list:
+    """Each cache's total bookkeeping over stock's (the compiled tree core, SGLang's
+    default) and over stock-python's (stock's policy on the python tree core every custom
+    component runs on), per load (or rate scale), where those runs are present."""
+    by_point: dict = {}
+    for r in runs:
+        by_point.setdefault(r.get("load", r.get("rate_scale")), {})[r["cache"]] = r
+    out = []
+    for point, caches in by_point.items():
+        for name, r in caches.items():
+            if name.startswith("stock"):
+                continue
+            row = {"load": point, "cache": name, "bookkeeping_s_total": r["bookkeeping_s_total"]}
+            for base, key in (("stock", "vs_stock"), ("stock-python", "vs_stock_python")):
+                total = caches.get(base, {}).get("bookkeeping_s_total")
+                row[key] = r["bookkeeping_s_total"] / total if total else None
+            out.append(row)
+    return out

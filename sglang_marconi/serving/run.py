@@ -31,6 +31,7 @@ class ServeSetup:
     timestamps: list = field(default_factory=list)  # the trace's arrival seconds
     seed: int = 0
     unified: object = None            # driver.unified_pools.UnifiedConfig (--memory unified)
+    poisson: bool = False             # --arrivals poisson: seeded Poisson, the trace's order
 
 
 def pool_config(sizes, max_context_len: int, chunked_prefill_size: int = 8192,
@@ -50,7 +51,8 @@ def arrivals(setup: ServeSetup, requests, load: Optional[float], rate_scale: Opt
     if rate_scale is not None:
         return arrivals_scaled(setup.timestamps, rate_scale)
     return arrivals_for_load(setup.timestamps, requests, setup.time_model, load, setup.seed,
-                             offered_batch(setup, requests), setup.pools.chunked_prefill_size)
+                             offered_batch(setup, requests), setup.pools.chunked_prefill_size,
+                             poisson=setup.poisson)
 
 
 def offered_batch(setup: ServeSetup, requests) -> int:

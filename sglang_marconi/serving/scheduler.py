@@ -70,6 +70,7 @@ class SchedulerConfig:
     max_prefill_tokens: int = 16384          # SGLang's --max-prefill-tokens default
     schedule_policy: str = "lpm"             # --schedule-policy (SGLang's default: fcfs)
     measure_bookkeeping: bool = True         # add the cache's measured CPU time to the clock
+    bookkeeping_cpu_time: bool = False       # measure it as thread CPU time, not wall time
     mamba_chunk_size: int = 64
     # closed loop: at most this many requests in the server (a request is released when
     # one finishes; its arrival is then). 1 with all arrivals at 0 is the serial replay.
@@ -129,7 +130,8 @@ class ServingScheduler:
             is_encoder_decoder=False, vocab_size=1 << 62,
             hf_text_config=types.SimpleNamespace(mamba_chunk_size=cfg.mamba_chunk_size))
         self.gc = GCPauses()  # the replay heap's collections, apart from the cache's time
-        self.timer = CacheTimer(cache, cfg.measure_bookkeeping, self.gc)
+        self.timer = CacheTimer(cache, cfg.measure_bookkeeping, self.gc,
+                                cpu=cfg.bookkeeping_cpu_time)
         self.after_step = after_step
         self.on_launch = on_launch
         # what the overlap loop did that the normal loop never does: requests left out of a
