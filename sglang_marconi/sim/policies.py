@@ -47,6 +47,7 @@ from sglang_marconi.policy import defaults
 from sglang_marconi.policy.defaults import NO_CAP
 from sglang_marconi.policy.admission import SGLangGrids, sglang_grid, sglang_track_grid
 from sglang_marconi.policy.cache import PrefixCache
+from sglang_marconi.policy.in_sglang import MarconiSGLangCache
 from sglang_marconi.policy.likelihood import ReuseWeight
 from sglang_marconi.policy.offline import offline_cache
 from sglang_marconi.policy.stock import StockSGLangCache
@@ -165,7 +166,7 @@ def _marconi(p, spec, cap, grid):
     knobs = dict(bootstrap_multiplier=_number(p, "k", float, defaults.BOOTSTRAP_MULTIPLIER, 0.1),
                  online=_online(p))
     if _materialise(p) is not None:
-        return _in_sglang(p, spec, cap, alpha=_alpha(p), **knobs)
+        return _in_sglang(p, spec, cap, alpha=_alpha(p), knobs=knobs)
     return PrefixCache(spec, cap, alpha=_alpha(p), grid=grid, **knobs, **_common(p))
 
 
@@ -190,7 +191,7 @@ def _materialise(p: PolicySpec):
     if how not in ("plan", "sglang"):
         raise UserError(f"policy {p.label!r}: materialise must be plan or sglang, got {how!r}")
     if how == "plan":
-        for key in ("chunk", "page", "track"):
+        for key in ("chunk", "page", "track", "overlap"):
             if p.option(key) is not None:
                 raise UserError(f"policy {p.label!r}: option {key} needs materialise=sglang")
         return None
@@ -200,15 +201,23 @@ def _materialise(p: PolicySpec):
                        track_grid=sglang_track_grid(grid, _number(p, "track", int, 256, 1)))
 
 
-def _in_sglang(p: PolicySpec, spec, cap, alpha, **plus):
-    """Marconi as the SGLang plugin runs it: SGLang's snapshot grids and branch rule
-    (``PrefixCache``'s ``branch_rule="kv"``) and the plugin's default of no per-request cap
-    (``max_states`` sets one). Eviction stays the simulator's (room made when a request's
-    states are inserted): under pressure it differs from SGLang's (docs/usage.md)."""
+def _in_sglang(p: PolicySpec, spec, cap, alpha, knobs=None, **plus):
+    """Marconi as the SGLang plugin runs it: SGLang's snapshot grids and branch rule and the
+    plugin's default of no per-request cap (``max_states`` sets one). A fixed alpha or
+    marconi+ runs inside the model of SGLang's unified buffer (``policy.in_sglang``: its
+    allocation-time joint walk, ``overlap=1``: the overlap loop's 2 tracking slots);
+    ``alpha=auto|online`` keep the simulator's eviction (room made when a request's
+    states are inserted, docs/usage.md)."""
     grids = _materialise(p)
-    return PrefixCache(spec, cap, alpha=alpha, grid=grids.grid, branch_rule="kv",
-                       max_states_per_request=_number(p, "max_states", int, NO_CAP, 0),
-                       materialise=grids, **plus)
+    max_states = _number(p, "max_states", int, NO_CAP, 0)
+    if alpha in ("auto", "online"):
+        return PrefixCache(spec, cap, alpha=alpha, grid=grids.grid, branch_rule="kv",
+                           max_states_per_request=max_states, materialise=grids,
+                           **(knobs or {}), **plus)
+    return MarconiSGLangCache(spec, cap, grids=grids, alpha=alpha,
+                              max_states_per_request=max_states,
+                              tracking_slots=2 if _number(p, "overlap", int, 0, 0) else 1,
+                              **plus)
 
 
 def _sglang(p, spec, cap, grid):
@@ -244,9 +253,9 @@ POLICY_OPTIONS = {
     "vllm+": ("block", "max_states"),
     "paper-sglang+": ("max_states",),
     "marconi": ("alpha", "k", "max_states", "alphas", "window", "period", "hysteresis",
-                "sample", "materialise", "chunk", "page", "track"),
+                "sample", "materialise", "chunk", "page", "track", "overlap"),
     "infinite": ("max_states",),
     "marconi+": ("bonus", "half_life", "chain", "ghost", "end_threshold", "max_states",
-                 "materialise", "chunk", "page", "track"),
+                 "materialise", "chunk", "page", "track", "overlap"),
     "offline": ("ghost", "max_states"),
 }
