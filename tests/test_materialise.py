@@ -1,13 +1,12 @@
 """The simulator's Marconi as SGLang lets the plugin keep it (``materialise=sglang``, issue 18):
 only the snapshots SGLang takes (chunk boundaries, the branch point inside its chunk, the
 last prefill chunk, the last decode-track snapshot), decided as the plugin decides
-(``sglang_integration.admission_plans``), so the simulator's figure is one the integration
-can keep.
+(``sglang_integration.admission_plans``), in the model of SGLang's unified buffer
+(``policy.in_sglang``), so the simulator's figure is one the integration keeps.
 
-Where nothing is evicted the hits and the states kept are identical request for request
-(the slice below). Under pressure the simulator's eviction is not SGLang's: on the whole
-bundled trace (paper-7b, 100 GiB unified) ``ab``'s marconi+ saves 20.88% of prefill FLOPs,
-``marconi+:materialise=sglang`` 19.22% (docs/usage.md has the measurements).
+Here: the admission rules, and the first 200 requests of the bundled trace where nothing is
+evicted. Under pressure: ``tests/test_parity_pressure.py`` (request for request) and
+``scripts/bench_baseline_agreement.py --caches marconi+`` (the whole trace).
 """
 from __future__ import annotations
 

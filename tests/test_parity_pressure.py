@@ -16,7 +16,8 @@ prefills of several chunks (chunk 256), outputs crossing the decode-track grid (
 buffer of a few requests' worth (0.6 GiB of paper-7b: about 12 states or 9,000 KV tokens),
 so every request after the first few evicts. After every request both sides must agree on
 the hit, the states each tree holds (by token path), the states evicted and the KV tokens
-evicted (the joint walk's victims), and the states admitted.
+evicted (the joint walk's victims), the states admitted and, for marconi+, the counts of
+its learned end-state rule (end states seen, reached again, skipped).
 """
 from __future__ import annotations
 
@@ -119,6 +120,13 @@ def run_pair(workload: str, seed: int, cache: str, policy: str, settings: Marcon
             f"{where}: states admitted / evicted, KV tokens evicted: SGLang "
             f"{tuple(b - a for a, b in zip(before, now))}, simulator "
             f"{(st.states_admitted - before[0], st.states_evicted - before[1], st.kv_tokens_evicted - before[2])}")
+        policy = sgl.marconi
+        if policy.end_usefulness is not None:  # marconi+'s learned end-state rule
+            mine = (policy.end_usefulness.ends, policy.end_usefulness.reused,
+                    policy.stats.end_states_skipped)
+            ref = (sim.end_usefulness.ends, sim.end_usefulness.reused,
+                   sim.stats.end_states_skipped)
+            assert mine == ref, f"{where}: end states (ends, reused, skipped) {mine} != {ref}"
         ours, theirs = sglang_states(sgl), sim_states(sim)
         assert ours == theirs, (f"{where}: states only in SGLang {sorted(ours - theirs)[:4]}, "
                                 f"only in the simulator {sorted(theirs - ours)[:4]}")

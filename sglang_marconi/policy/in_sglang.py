@@ -323,7 +323,7 @@ class MarconiSGLangCache(StockSGLangCache):
 
     def _admit(self, snapshot: int, kind: str) -> bool:
         plan = self._plan
-        if plan.branch and snapshot == plan.branch:
+        if plan.branch and snapshot == plan.branch:  # (never 0)
             if kind == "final":
                 self._observe_end(snapshot)
             else:

@@ -227,7 +227,8 @@ class StockSGLangCache:
     def _admit(self, snapshot: int, kind: str) -> bool:
         """Whether the tree takes the request's snapshot at ``snapshot``; ``kind``: "chunk"
         (an unfinished prefill chunk), "prefill_end" (the last chunk, the request goes on to
-        decode), "final" (the last tracked snapshot at finish). Stock SGLang takes all."""
+        decode), "final" (the last tracked snapshot not yet published, at finish; 0: none).
+        Stock SGLang takes all."""
         return True
 
     def _finished(self, full: np.ndarray, hit_node: _Node) -> None:
@@ -475,18 +476,19 @@ class StockSGLangCache:
             snapshot = 0
             prefix = end
         last = snapshot  # the last prefill chunk's snapshot
-        if out > 1 and last and self._admit(last, "prefill_end"):
-            # the prefill completes and the request goes on to decode
+        published = out > 1 and last and self._admit(last, "prefill_end")
+        if published:  # the prefill completes and the request goes on to decode
             locked = self._publish(full, last, locked, n)
         # decode: KV for each output token but the last, a page whenever one fills up
         for _ in range(self._pages(n + out - 1) - self._pages(n)):
             self._make_room_kv(self.page)
             run.pages += 1
             self._note_peak()
-        decode = sglang_decode_snapshot(n, out, self.track_grid)
-        final = decode or last  # the last tracked snapshot
-        # at finish it goes to the tree with its KV (unless the prefill published it)
-        if final and self._admit(final, "final") and (decode or out == 1):
+        # at finish the last tracked snapshot not yet published goes to the tree with its
+        # KV (``_select_finished_checkpoint``): the last decode snapshot, else the last
+        # chunk's; 0: none, the tree is still asked (``prepare_for_caching_req``)
+        final = sglang_decode_snapshot(n, out, self.track_grid) or (0 if published else last)
+        if self._admit(final, "final") and final:
             node, _ = self._insert(full, final)
             self._unlock(locked)
             locked = node

@@ -152,14 +152,16 @@ def _online(p: PolicySpec) -> dict:
     return out
 
 
-def ghost_budget(ghost: float, spec, cap) -> int | None:
+def ghost_budget(ghost: float, spec, cap, page: int | None = None) -> int | None:
     """Tokens the ghost index remembers: ``ghost`` times the KV tokens the capacity holds
     (for a model without attention layers, whose KV is free: ``ghost`` x the states it holds
-    x 4096 tokens)."""
+    x 4096 tokens). ``page``: in whole pages, as the SGLang plugin counts its buffer's KV
+    tokens (the allocator's size: ``materialise=sglang``)."""
     if not cap or not ghost:
         return None
     per_token = spec.kv_bytes_per_token or spec.ssm_state_bytes / 4096
-    return max(1, int(ghost * cap / per_token))
+    tokens = cap / per_token if page is None else cap // (page * per_token) * page
+    return max(1, int(ghost * tokens))
 
 
 def _marconi(p, spec, cap, grid):
@@ -175,7 +177,8 @@ def _marconi_plus(p, spec, cap, grid):
                          half_life=_number(p, "half_life", float, math.inf, 1.0),
                          chain_weight=_number(p, "chain", float, defaults.CHAIN_WEIGHT, 0.0))
     ghost = _number(p, "ghost", float, defaults.GHOST_FACTOR, 0.0)
-    ghost_tokens = ghost_budget(ghost, spec, cap)
+    grids = _materialise(p)
+    ghost_tokens = ghost_budget(ghost, spec, cap, grids.page if grids else None)
     threshold = _number(p, "end_threshold", float, defaults.END_THRESHOLD, 0.0) if ghost_tokens else None
     plus = dict(reuse_weight=weight, ghost_tokens=ghost_tokens, end_threshold=threshold)
     if _materialise(p) is not None:
