@@ -56,7 +56,7 @@ from sglang_marconi.policy.admission import (SGLangGrids, branch_checkpoint,
 from sglang_marconi.policy.defaults import INSERT_CLOCK_OFFSET, NO_CAP
 from sglang_marconi.policy.ghost import GhostIndex
 from sglang_marconi.policy.likelihood import EndStateUsefulness, ReuseWeight
-from sglang_marconi.policy.ranking import freed_bytes, ranked_efficiency
+from sglang_marconi.policy.ranking import LinkedTree, freed_bytes, ranked_efficiency
 from sglang_marconi.policy.scoring import VictimQueue
 from sglang_marconi.policy.stock import StockSGLangCache, _Node
 
@@ -79,7 +79,7 @@ class _MarconiNode(_Node):
         self.max_children = 0
 
 
-class _Tree:
+class _Tree(LinkedTree):
     """``ranking.TreeAdapter`` over ``_MarconiNode``s."""
 
     @staticmethod
@@ -89,14 +89,6 @@ class _Tree:
     @staticmethod
     def has_state(node) -> bool:
         return node.state
-
-    @staticmethod
-    def parent(node):
-        return node.parent
-
-    @staticmethod
-    def children(node):
-        return node.children.values()
 
 
 TREE = _Tree()
