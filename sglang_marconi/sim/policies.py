@@ -33,8 +33,11 @@ Options every policy but ``sglang`` takes: ``max_states`` (per request, default 
 extra buffer snapshots, decided as the ``--cache-policy marconi`` plugin decides (chunk
 boundaries at ``chunk`` (8192), the branch point inside its chunk, the last prefill chunk and
 the last decode-track snapshot on ``track`` (256), grid lcm(64, ``page``)), with SGLang's
-branch rule and the plugin's default of no per-request cap: the plugin's hits exactly
-while nothing is evicted; its eviction stays the simulator's (``materialise=plan``, the
+branch rule and the plugin's default of no per-request cap; with a fixed alpha or for
+marconi+ inside the model of SGLang's unified buffer (``policy.in_sglang``: the plugin's
+allocation-time joint walk; ``overlap=1``: 2 tracking slots, ``ab``'s default loop), equal
+to ``ab``'s cache request for request (``scripts/bench_baseline_agreement.py --caches
+marconi+``); ``alpha=auto|online`` keep the simulator's eviction (``materialise=plan``, the
 default, keeps the states Marconi plans wherever they are, as the paper's simulator).
 """
 from __future__ import annotations
