@@ -72,9 +72,9 @@ def test_same_hits_and_states_as_abs_marconi_plus_where_nothing_is_evicted(moonc
     states; the planning simulator (``marconi+``) does not (it keeps no chunk states)."""
     pytest.importorskip("sglang")
     spec, limit, gib = preset_spec("paper-7b"), 200, 400
-    argv = agreement.ab_argv(mooncake_path, "paper-7b", gib, limit)
-    argv[argv.index("stock")] = "marconi+"
-    ab = json.loads(run_cli(ab_cli, *argv[1:]))["caches"]["marconi+"]
+    argv = agreement.ab_argv(mooncake_path, "paper-7b", gib, limit, cache="marconi+")
+    ab_json = json.loads(run_cli(ab_cli, *argv[1:]))
+    ab = ab_json["caches"]["marconi+"]
     capacity = agreement.sim_capacity(size_pools(spec, gib, "unified"))
     trace = read_trace(mooncake_path).head(limit)
     got = {}
@@ -87,3 +87,9 @@ def test_same_hits_and_states_as_abs_marconi_plus_where_nothing_is_evicted(moonc
     assert hits == ab["hit_tokens_per_request"]
     assert stats.states_admitted == ab["states_admitted"]
     assert got["marconi+"][0] != ab["hit_tokens_per_request"]
+    # the agreement report's marconi+ row (scripts/bench_baseline_agreement.py)
+    res = agreement.compare(trace, spec, hits, stats, ab_json, capacity, cache="marconi+")
+    assert res["identical"] == limit and res["diff_pp"] == 0.0
+    report = agreement.format_report(res, trace_name="t", model="paper-7b", cache_gb=gib,
+                                     ab_command=" ".join(argv), limit=limit)
+    assert "| ab marconi+ |" in report and agreement.marconi_plus_policy() in report
