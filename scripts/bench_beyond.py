@@ -57,6 +57,13 @@ def main(argv=None) -> int:
         print(f"  {x['workload']:>13} t={x['target']:g} {gb(x['capacity']):>8}: marconi+/sglang "
               f"{times(x['stock_ratio'])}, marconi+/LRU {times(x['ratio'])} "
               f"{'PASS' if x['pass'] else 'MISS'}")
+    for x in an["inside"]:
+        print(f"  inside SGLang {gb(x['capacity']):>7} {x['policy']:>28}: FLOPs saved "
+              f"{pct(x['flops_fraction'])}, {times(x['vs_stock'])} stock, "
+              f"{pct(x['of_offline_flops'])} of the offline reference's")
+    print(f"target: marconi+ inside SGLang >= {beyond.OFFLINE_TARGET:g} of the offline "
+          f"reference at 100 GB: {pct(an['inside_offline'])} "
+          f"{'PASS' if an['inside_pass'] else 'MISS'}")
     print(f"target: marconi+ never more than 2% below stock sglang nor LRU: "
           f"{'PASS' if an['gens_pass'] else 'MISS'}")
     for x in an["cpu"]:

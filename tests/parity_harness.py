@@ -356,12 +356,16 @@ HAND_BUILT = {"shared-system-prompt": shared_system_prompt, "multi-turn-chat": m
 # SGLang: MarconiSettings(plus=True); the simulator: reuse_weight, ghost_tokens, end_threshold
 # (sim.policies ``marconi+``), each side's ghost index of the same size: SGLang's,
 # ``ghost_factor`` x its token pool (2 x: it never forgets, the pool is larger than the trace).
-def both_plus(regime, requests, slots=None, ghost_factor=2.0, end_threshold=0.05):
+def both_plus(regime, requests, slots=None, ghost_factor=2.0, end_threshold=0.05,
+              chain_weight=None):
+    """``chain_weight``: a fixed weight of chain states on both sides (None: learned)."""
     sgl = SGLangSide(regime, requests, mamba_slots=slots, plus=True,
                      ghost_factor=ghost_factor, end_threshold=end_threshold)
+    if chain_weight is not None:
+        sgl.cache.marconi.reuse = ReuseWeight(chain_weight=chain_weight)
     capacity = (None if slots is None
                 else (slots - regime.running_slots) * SPEC.ssm_state_bytes)
-    plus = dict(reuse_weight=ReuseWeight(), ghost_tokens=sgl.cache.marconi.ghost.max_tokens,
+    plus = dict(reuse_weight=ReuseWeight(chain_weight=chain_weight), ghost_tokens=sgl.cache.marconi.ghost.max_tokens,
                 end_threshold=end_threshold)
     sim = regime.sim(sgl.grid, capacity=capacity, spec=StatePoolCost(SPEC), plus=plus)
     return sgl, SimSide(sim)

@@ -7,6 +7,7 @@ import pytest
 
 from sglang_marconi.model import preset_spec
 from sglang_marconi.policy.cache import PrefixCache
+from sglang_marconi.policy.ghost import GhostIndex
 from sglang_marconi.policy.likelihood import EndStateUsefulness, ReuseWeight
 from sglang_marconi.policy.offline import FutureIndex, exhaustive_best, offline_cache
 from sglang_marconi.policy.tree import Node
@@ -38,7 +39,44 @@ def test_reuse_weight_counts_follow_hits_exactly():
     m.children = {7: _node()}
     m.max_children = 1                      # a chain state (consumed by its extension)
     w.record_hit(m, 1)
-    assert w(m) == w.chain_weight == 0.0
+    assert w(m) == w.chain_weight == 0.5      # learned, nothing observed yet: Beta(1, 1)
+    assert ReuseWeight(chain_weight=0.0)(m) == 0.0  # a fixed weight
+
+
+def test_ghost_answer_tells_fresh_divergence_from_extension_and_known_branch():
+    g = GhostIndex(10_000)
+    first = np.arange(100)
+    g.record(first, 100, now=0)
+    # a later turn extends the whole remembered sequence: no fresh point
+    turn = g.lookup(np.arange(150), 149)
+    assert (turn.reused, turn.fresh, turn.end) == (True, False, 100)
+    # leaves it in the middle of an edge: a point nobody branched at
+    edit = np.concatenate([np.arange(60), 1000 + np.arange(40)])
+    a = g.lookup(edit, 99)
+    assert (a.reused, a.fresh, a.branch) == (True, True, 60)
+    g.record(edit, 0, now=1)
+    # the same point again: a known branch now
+    b = g.lookup(np.concatenate([np.arange(60), 5000 + np.arange(40)]), 99)
+    assert (b.reused, b.fresh, b.branch) == (True, False, 60)
+    # nothing shared
+    assert not g.lookup(7000 + np.arange(50), 49).reused
+
+
+def test_chain_weight_is_learned_from_how_requests_leave_remembered_prefixes():
+    g = GhostIndex(1_000_000)
+    chat, docs = ReuseWeight(), ReuseWeight()
+    for i in range(40):  # multi-turn chat: each turn extends the last
+        seq = np.arange(100 * (i + 1))
+        chat.observe_request(g.lookup(seq, len(seq) - 1))
+        g.record(seq, len(seq), now=i)
+    d = GhostIndex(1_000_000)
+    doc = np.arange(10_000)
+    d.record(doc, 0, now=0)
+    for i in range(40):  # requests that share a different part of one document
+        seq = np.concatenate([doc[:200 * (i + 1) + 7], 50_000 + 100 * i + np.arange(50)])
+        docs.observe_request(d.lookup(seq, len(seq) - 1))
+        d.record(seq, 0, now=i + 1)
+    assert chat.chain_weight < 0.05 < 0.9 < docs.chain_weight
 
 
 def test_reuse_weight_decays_by_half_life():

@@ -306,9 +306,10 @@ def test_marconi_plus_same_weights_for_every_state(source, seed):
 def test_marconi_plus_a_state_stored_again_starts_without_hits():
     """GDSF counts hits while a state is cached: SGLang's node outlives its state (a
     tombstone), the simulator's does not; a state stored there again must not inherit the
-    evicted state's hit count (it would rank above the simulator's)."""
+    evicted state's hit count (it would rank above the simulator's). Chain states weigh 0
+    (fixed) on both sides, so the state at 34 goes first while it has one child."""
     requests = state_reinserted()
-    sgl, sim = both_plus(NO_BUFFER, requests, slots=7)
+    sgl, sim = both_plus(NO_BUFFER, requests, slots=7, chain_weight=0.0)
     steps = assert_same_decisions(requests, sgl, sim,
                                   after=same_plus_state(sgl, sim, queues=True))
     assert [len(p) for s in steps for p in s.evicted][:2] == [34, 46]

@@ -24,7 +24,7 @@ from sglang_marconi.policy.admission import (SGLangGrids, branch_checkpoint, cac
                                              plan_marconi_in_sglang,
                                              plan_block_checkpoints, plan_checkpoints)
 from sglang_marconi.policy.alpha import DEFAULT_GRID, AlphaTuner
-from sglang_marconi.policy.ghost import GhostIndex
+from sglang_marconi.policy.ghost import GhostAnswer, GhostIndex
 from sglang_marconi.policy.likelihood import EndStateUsefulness, ReuseWeight
 from sglang_marconi.policy.online import OnlineAlpha
 from sglang_marconi.policy.scoring import VictimQueue
@@ -73,7 +73,12 @@ class RequestPlan:
     kv_len: int
     branch_len: int
     checkpoint_positions: tuple  # positions inside the input to capture during prefill
-    reaches_end: bool = False    # marconi+: the input reaches a remembered request end
+    ghost: GhostAnswer | None = None  # marconi+: what the ghost index knew of the input
+
+    @property
+    def reaches_end(self) -> bool:
+        """marconi+: the input reaches a remembered request end."""
+        return self.ghost is not None and bool(self.ghost.end)
 
 
 class PrefixCache:
@@ -225,15 +230,15 @@ class PrefixCache:
         if self.evict_at == "begin":
             self._evict_to_capacity(m.hit_node)
         if self.ghost is not None:
-            ghost_branch, ghost_end = self.ghost.lookup(tokens, max(0, n - 1))
+            ghost = self.ghost.lookup(tokens, max(0, n - 1))
             if self.branch_rule != "none":  # "none": no branch states, remembered or not
-                branch_len = max(branch_len, ghost_branch)
+                branch_len = max(branch_len, ghost.branch)
         positions = ()
         if self.admission == "marconi":
             b = branch_checkpoint(n, m.hit_len, branch_len, self.grid, self.max_states)
             positions = (b,) if b else ()
         return RequestPlan(now, tokens, m.hit_len, m.hit_node, m.kv_len, branch_len, positions,
-                           reaches_end=self.ghost is not None and bool(ghost_end))
+                           ghost=ghost if self.ghost is not None else None)
 
     def _plan(self, plan: RequestPlan, full_len: int):
         n = len(plan.input_tokens)
@@ -256,6 +261,16 @@ class PrefixCache:
         end = cached_length(n, full_len - n + 1, self.grid, self.cache_output)
         return end if end > plan.hit_len else 0
 
+    def _observe_ghost_answer(self, plan: RequestPlan, end: int) -> None:
+        """marconi+: count the finished request in the learned rates (end states, chain
+        states), from what the ghost index knew of its input."""
+        if self.end_usefulness is not None:
+            self.end_usefulness.observe_request(plan.reaches_end, bool(end))
+        if self.reuse_weight is not None and self.reuse_weight.observe_request(plan.ghost):
+            for node in self.tree.queue.nodes():  # the learned chain weight moved
+                if self.reuse_weight.is_chain(node):
+                    self.tree.refresh(node)
+
     def finish(self, plan: RequestPlan, full_tokens) -> dict:
         """Admit the request's states and KV; returns {position: node} of stored states."""
         full = as_tokens(full_tokens)
@@ -265,8 +280,7 @@ class PrefixCache:
         if self.ghost is not None:
             end = self._end_position(plan, len(full), adm)
             self.ghost.record(full, end, plan.index)
-            if self.end_usefulness is not None:
-                self.end_usefulness.observe_request(plan.reaches_end, bool(end))
+            self._observe_ghost_answer(plan, end)
         if adm.positions and adm.positions[-1] != adm.branch_len:
             admit = (self.end_usefulness.admit() if self.end_usefulness is not None else True)
             if self.end_admission is not None:
@@ -319,13 +333,15 @@ class PrefixCache:
                                     self.materialise, max(0, self.max_states - reserved))
         if self.ghost is not None:
             self.ghost.record(full, mp.end, plan.index)
-            if self.end_usefulness is not None:
-                self.end_usefulness.observe_request(plan.reaches_end, bool(mp.end))
+            self._observe_ghost_answer(plan, mp.end)
         ends = mp.ends[:max(0, self.max_states - len(mp.intermediate))]
-        if (ends and mp.end and self.end_usefulness is not None
-                and not self.end_usefulness.admit()):
-            self.stats.end_states_skipped += 1
-            ends = ()
+        if ends and mp.end:
+            admit = self.end_usefulness.admit() if self.end_usefulness is not None else True
+            if self.end_admission is not None:
+                admit = self.end_admission(plan, full, mp.end)
+            if not admit:
+                self.stats.end_states_skipped += 1
+                ends = ()
         positions = tuple(sorted(mp.intermediate + ends))
         out: dict = {}
         if positions:

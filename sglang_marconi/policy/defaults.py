@@ -28,7 +28,8 @@ RENORMALISE_LIMIT = 1024           # per-walk min-max refresh up to this many ca
 
 # -- marconi+ -----------------------------------------------------------------------------------
 BRANCH_BONUS = 2.0                 # reuse weight of a node that was ever a branch point
-CHAIN_WEIGHT = 0.0                 # reuse weight of a chain state (one child, never a branch)
+CHAIN_WEIGHT = None                # reuse weight of a chain state (one child, never a branch):
+                                   # None: learned (likelihood.ChainUsefulness)
 GHOST_FACTOR = 10.0                # ghost index tokens = factor x the KV tokens the cache holds
 END_THRESHOLD = 0.05               # admit end states while their reuse rate is at least this
 

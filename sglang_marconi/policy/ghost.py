@@ -13,7 +13,18 @@ FLOPs), evicting least-recently-used leaves.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from sglang_marconi.policy.tree import RadixTree
+
+
+class GhostAnswer(NamedTuple):
+    """What the ghost index knows of an input."""
+    branch: int    # where the input leaves the remembered sequences (0: it does not branch)
+    end: int       # the longest remembered end-of-request position it reaches (0: none)
+    reused: bool   # it shares a prefix with a remembered sequence
+    fresh: bool    # it leaves one in the middle of an edge: a point no earlier input
+                   # branched at (a state there would be a chain state's kind of hit)
 
 
 class UnitCost:
@@ -41,11 +52,12 @@ class GhostIndex:
         self.tree = RadixTree(UnitCost())
         self.version = 0  # bumped by every record: a lookup's answer holds until then
 
-    def lookup(self, tokens, limit: int):
-        """(branch_len, end_len): where ``tokens`` leave the remembered sequences, and the
-        longest remembered end-of-request position (<= limit) they reach."""
+    def lookup(self, tokens, limit: int) -> GhostAnswer:
+        """Where ``tokens`` leave the remembered sequences, the longest remembered
+        end-of-request position (<= limit) they reach, and how they leave (``GhostAnswer``)."""
         m = self.tree.match(tokens, limit=limit)
-        return m.branch_len, m.hit_len
+        fresh = m.edge_node is not m.kv_node and m.kv_len < min(len(tokens), limit)
+        return GhostAnswer(m.branch_len, m.hit_len, m.kv_len > 0, fresh)
 
     def record(self, tokens, end_position: int, now: float) -> None:
         """Remember ``tokens`` with an end marker at ``end_position``; forget old leaves."""

@@ -100,7 +100,7 @@ class _Plan:
     hit: int
     branch: int
     chunk_budget: int
-    reaches_end: bool
+    ghost: object  # the ghost index's answer (``ghost.GhostAnswer``), None without one
     published: int = 0
     counted: bool = False
     end: int = 0
@@ -296,16 +296,15 @@ class MarconiSGLangCache(StockSGLangCache):
     def _branch(self, tokens: np.ndarray, hit: int, kv: int) -> int:
         n = len(tokens)
         branch = sglang_branch_point(kv, hit, self.grid)
-        reaches = False
+        answer = None
         if self.ghost is not None:
-            ghost_branch, ghost_end = self.ghost.lookup(tokens, max(0, n - 1))
-            reaches = bool(ghost_end)
-            ghost_branch = ghost_branch // self.grid * self.grid
+            answer = self.ghost.lookup(tokens, max(0, n - 1))
+            ghost_branch = answer.branch // self.grid * self.grid
             if ghost_branch > max(branch, hit):
                 branch = ghost_branch
         planned = branch_checkpoint(n, hit, branch or None, self.grid, self.max_states)
         reserved = (1 if planned else 0) + 1  # the branch point and the final state
-        self._plan = _Plan(hit, planned, max(0, self.max_states - reserved), reaches)
+        self._plan = _Plan(hit, planned, max(0, self.max_states - reserved), answer)
         self._input_len = n
         return branch
 
@@ -351,7 +350,12 @@ class MarconiSGLangCache(StockSGLangCache):
             end = self._input_len // self.grid * self.grid
         plan.end = end if end > plan.hit else 0
         if self.end_usefulness is not None:
-            self.end_usefulness.observe_request(plan.reaches_end, bool(plan.end))
+            self.end_usefulness.observe_request(plan.ghost is not None and bool(plan.ghost.end),
+                                                bool(plan.end))
+        if self.reuse is not None:
+            # the learned chain weight: the walk weighs every candidate afresh, and a re-key
+            # keeps a state's aging base (its recency is unchanged), so a move needs nothing
+            self.reuse.observe_request(plan.ghost)
 
     def _finished(self, full: np.ndarray, hit_node) -> None:
         plan, self._plan = self._plan, None

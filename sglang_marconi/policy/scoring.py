@@ -128,6 +128,10 @@ class VictimQueue:
         self._live.pop(node, None)
         self._suspended.pop(node, None)
 
+    def nodes(self) -> list:
+        """Every node the queue holds an entry for, live or suspended (in insertion order)."""
+        return list(self._live) + list(self._suspended)
+
     def candidates(self):
         """(node, recency, efficiency, base) of every live candidate (unordered)."""
         return [(n, e[1], e[2], e[4]) for n, e in self._live.items()]

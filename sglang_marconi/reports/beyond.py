@@ -28,7 +28,8 @@ MODEL = "paper-7b"
 MOONCAKE_CAPS = (50e9, 100e9, 200e9)
 MAIN_POLICIES = ("marconi+", "sglang", "paper-sglang+", "marconi", "infinite", "offline")
 STOCK, LRU = "sglang", "paper-sglang+"  # the two denominators
-ABLATIONS = ("marconi+", "marconi+:ghost=0", "marconi+:end_threshold=0", "marconi+:chain=1",
+ABLATIONS = ("marconi+", "marconi+:ghost=0", "marconi+:end_threshold=0", "marconi+:chain=0",
+             "marconi+:chain=1",
              "marconi+:bonus=0", "marconi+:half_life=500")
 GENERATORS = ("chat", "agent", "shared-prompt", "fork-join")
 GEN_TARGETS = (0.25, 0.5, 0.75)
@@ -41,6 +42,9 @@ CLEAR = 1.10  # a phase's "clearly better" alphas: >= 10% more FLOPs saved (as t
 ONLINE_VARIANTS = (("online", "marconi:alpha=online", DEFAULT_ALPHAS),
                    ("online5", "marconi:alpha=online:alphas="
                     + "/".join(f"{a:g}" for a in FIXED_ALPHAS), FIXED_ALPHAS))
+# inside SGLang: only the snapshots the server takes (``materialise=sglang``)
+INSIDE_POLICIES = (STOCK, "marconi+:materialise=sglang", "offline:materialise=sglang")
+OFFLINE_TARGET = 0.8  # marconi+ inside SGLang: of the offline reference's FLOPs saved
 TARGET_RATIO = 1.5
 TARGET_FLOOR = 0.98
 
@@ -62,13 +66,15 @@ def run(jobs: int, mooncake_path=None, quick: bool = False, progress: bool = Tru
     moon_keys = {(cap, p): add(Task(MODEL, moon, None if p == "infinite" else int(cap), p))
                  for cap in MOONCAKE_CAPS for p in MAIN_POLICIES}
     abl_keys = {p: add(Task(MODEL, moon, int(100e9), p)) for p in ABLATIONS + (STOCK, LRU)}
+    inside_keys = {(cap, p): add(Task(MODEL, moon, int(cap), p))
+                   for cap in MOONCAKE_CAPS for p in INSIDE_POLICIES}
     gen_keys = {}
     for w in gens:
         for t, cap in zip(GEN_TARGETS, cal[w.label]["capacities"]):
             for p in (STOCK, LRU, "marconi", "marconi+"):
                 gen_keys[(w.label, t, p)] = add(Task(MODEL, w, cap, p))
     chain_keys = {p: add(Task(MODEL, gens[0], int(4e9), p))
-                  for p in (STOCK, LRU, "marconi+", "marconi+:chain=1")}
+                  for p in (STOCK, LRU, "marconi+", "marconi+:chain=0", "marconi+:chain=1")}
     drift_cap = cal[drift.label]["capacities"][1]
     online_pols = (["marconi"] + [p for _, p, _ in ONLINE_VARIANTS]
                    + [f"marconi:alpha={a:g}" for a in FIXED_ALPHAS])
@@ -88,7 +94,7 @@ def run(jobs: int, mooncake_path=None, quick: bool = False, progress: bool = Tru
             walls = [run_config(Task(MODEL, w, cap, p))["wall_s"] for _ in range(repeats)]
             timing[(w.label, p)] = min(walls)
     return {"cal": cal, "res": res, "moon_keys": moon_keys, "abl_keys": abl_keys,
-            "gen_keys": gen_keys, "chain_keys": chain_keys, "phase_keys": phase_keys,
+            "gen_keys": gen_keys, "chain_keys": chain_keys, "inside_keys": inside_keys, "phase_keys": phase_keys,
             "timing": timing, "repeats": repeats, "drift_cap": drift_cap,
             "workloads": {"mooncake": moon, "gens": gens, "drift": drift, "shift": shift},
             "online_pols": online_pols, "wall_s": time.perf_counter() - t0, "jobs": jobs}
@@ -109,7 +115,22 @@ def _clearly_better(fixed: dict, choices) -> set | None:
 
 def analyze(b: dict) -> dict:
     res = b["res"]
-    an = {"mooncake": [], "gens": [], "ablation": [], "chain": [], "phases": {}, "cpu": []}
+    an = {"mooncake": [], "gens": [], "ablation": [], "chain": [], "phases": {}, "cpu": [],
+          "inside": []}
+    for cap in MOONCAKE_CAPS:
+        stock = res[b["inside_keys"][(cap, STOCK)]]
+        off = res[b["inside_keys"][(cap, INSIDE_POLICIES[-1])]]
+        for p in INSIDE_POLICIES:
+            r = res[b["inside_keys"][(cap, p)]]
+            an["inside"].append({
+                "capacity": cap, "policy": p, "flops_fraction": r["flops_saved_fraction"],
+                "token_hit_rate": r["token_hit_rate"],
+                "vs_stock": _ratio(r["flops_saved"], stock["flops_saved"]),
+                "of_offline_flops": _ratio(r["flops_saved"], off["flops_saved"]),
+                "states_admitted": r["states_admitted"]})
+    plus100 = [x for x in an["inside"] if x["capacity"] == 100e9 and x["policy"] == INSIDE_POLICIES[1]][0]
+    an["inside_offline"] = plus100["of_offline_flops"]
+    an["inside_pass"] = plus100["of_offline_flops"] >= OFFLINE_TARGET
     for cap in MOONCAKE_CAPS:
         off = res[b["moon_keys"][(cap, "offline")]]
         lru = res[b["moon_keys"][(cap, LRU)]]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sglang_marconi.reports.beyond import (CLEAR, FIXED_ALPHAS, MODEL, ONLINE_BOUND,
-                                           TARGET_FLOOR, TARGET_RATIO)
+from sglang_marconi.reports.beyond import (CLEAR, FIXED_ALPHAS, MODEL, OFFLINE_TARGET,
+                                           ONLINE_BOUND, TARGET_FLOOR, TARGET_RATIO)
 from sglang_marconi.reports.formatting import gb, pct, pflop, pp, table, times
 from sglang_marconi.sim import sweeps
 from sglang_marconi.sim.sweeps import model_spec
@@ -32,7 +32,10 @@ def write_markdown(b: dict, an: dict, path: Path, img_rel: str, command: str) ->
         "its nearest checkpointed ancestor, per byte its eviction frees) is multiplied by a "
         "reuse weight: 1 + its hit count (decayed with `half_life` requests; default: no "
         "decay) + `bonus` (2) if it ever was a branch point; a *chain* state (one child, never "
-        "a branch point: a turn the next turn already extended) weighs `chain` (0). Victims "
+        "a branch point) weighs the rate, learned on the ghost index, at which requests that "
+        "reuse a remembered prefix leave it at a point nobody branched at before (about 0 on "
+        "multi-turn chat, where a chain state is a turn the next turn already extended; high "
+        "where documents are shared in part and SGLang's chunk states sit on them). Victims "
         "are ordered by Greedy-Dual-Size-Frequency aging (key = inflation clock at the last "
         "touch + weighted efficiency) instead of min-max normalised recency, so no alpha is "
         "tuned and no rescan is needed.\n")
@@ -95,6 +98,24 @@ def write_markdown(b: dict, an: dict, path: Path, img_rel: str, command: str) ->
                "ghost index host memory (8 B/token)",
                "replay wall"), rows))
     add("")
+    # inside SGLang
+    add("## Mooncake trace inside SGLang: only the snapshots the server takes\n")
+    v = "PASS" if an["inside_pass"] else "MISS"
+    add("`materialise=sglang` keeps only what SGLang 0.5.23 snapshots (chunk boundaries at "
+        "8192, the branch point inside its chunk, the last prefill chunk, the last "
+        "decode-track snapshot; 64-token grid; no per-request cap), decided as the plugin "
+        "decides; `offline:materialise=sglang` is the future-knowing reference on the same "
+        "snapshots (a heuristic, not an optimum). Target: marconi+ saves >= "
+        f"{OFFLINE_TARGET:g} of that reference's FLOPs at 100 GB: "
+        f"**{pct(an['inside_offline'])}, {v}**. `ab`'s marconi+ against real stock on the "
+        "same trace and bytes is README's figure.\n")
+    add(cmd + "\n")
+    rows = [(gb(x["capacity"]), x["policy"], pct(x["flops_fraction"]), pct(x["token_hit_rate"]),
+             times(x["vs_stock"]), pct(x["of_offline_flops"]), f"{x['states_admitted']:,}")
+            for x in an["inside"]]
+    add(table(("capacity", "policy", "of prefill FLOPs", "token hit rate", "FLOPs vs sglang",
+               "FLOPs of offline:materialise=sglang's", "states admitted"), rows))
+    add("")
     # generators
     add("## Generators: marconi+ vs stock SGLang and the paper's LRU\n")
     v = "PASS" if an["gens_pass"] else "MISS"
@@ -116,8 +137,9 @@ def write_markdown(b: dict, an: dict, path: Path, img_rel: str, command: str) ->
     # ablation
     add("## Ablation: which part of marconi+ earns the gain (Mooncake, 100 GB)\n")
     add("`ghost=0` removes the ghost index and with it the learned end-state admission (it is "
-        "measured on the ghost index); `end_threshold=0` keeps every end state; `chain=1` "
-        "weighs chain states like other nodes; `bonus=0` drops the branch-point bonus; "
+        "measured on the ghost index); `end_threshold=0` keeps every end state; `chain=0` "
+        "weighs chain states 0 (the fixed rule before the learned one), `chain=1` like other "
+        "nodes; `bonus=0` drops the branch-point bonus; "
         "`half_life=500` decays hit counts with a 500-request half-life.\n")
     add(cmd + "\n")
     rows = [(x["policy"], pct(x["flops_fraction"]), pct(x["token_hit_rate"]),
@@ -126,8 +148,8 @@ def write_markdown(b: dict, an: dict, path: Path, img_rel: str, command: str) ->
     add(table(("policy", "FLOPs saved", "token hit rate", "vs sglang", "vs paper-sglang+",
                "vs full marconi+", "states admitted"), rows))
     add("")
-    add("Chain states on multi-turn chat (chat generator, 4 GB): counting hits on them "
-        "against weighting them 0.\n")
+    add("Chain states on multi-turn chat (chat generator, 4 GB): the learned weight against "
+        "weighting them 0 and counting their hits like other nodes.\n")
     add(cmd + "\n")
     rows = [(x["policy"], pct(x["flops_fraction"]), times(x["vs_stock"]), times(x["vs_lru"]))
             for x in an["chain"]]
@@ -202,7 +224,8 @@ def summary(an: dict) -> str:
     abl = {x["policy"]: x for x in an["ablation"]}
     full = abl["marconi+"]
     moon100 = {x["policy"]: x for x in an["mooncake"] if x["capacity"] == 100e9}
-    small = [p for p in ("marconi+:chain=1", "marconi+:bonus=0", "marconi+:half_life=500")]
+    small = [p for p in ("marconi+:chain=0", "marconi+:chain=1", "marconi+:bonus=0",
+                         "marconi+:half_life=500")]
     spread = max(abs(abl[p]["vs_full"] - 1) for p in small)
     chain = {x["policy"]: x for x in an["chain"]}
     worst = min(an["gens"], key=lambda x: x["ratio"])
@@ -223,9 +246,11 @@ def summary(an: dict) -> str:
         "trace" + (": here the gain comes from admission (finding shared prefixes past "
                    "evictions, not spending bytes on end states that are never reused) rather "
                    "than from the eviction order." if spread < 0.02 else "."),
-        f"- On multi-turn chat at 4 GB, weighting chain states 0 gives "
+        f"- On multi-turn chat at 4 GB, the learned chain weight gives "
         f"{times(chain['marconi+']['vs_stock'])} stock's FLOPs saved "
-        f"({times(chain['marconi+']['vs_lru'])} LRU's), counting their hits (`chain=1`) "
+        f"({times(chain['marconi+']['vs_lru'])} LRU's); weighting chain states 0 "
+        f"{times(chain['marconi+:chain=0']['vs_stock'])} ({times(chain['marconi+:chain=0']['vs_lru'])}), "
+        f"counting their hits (`chain=1`) "
         f"{times(chain['marconi+:chain=1']['vs_stock'])} ({times(chain['marconi+:chain=1']['vs_lru'])}).",
         f"- On the generators the lowest marconi+ / stock ratio is "
         f"{times(worst_stock['stock_ratio'])} ({worst_stock['workload']}, "

@@ -29,7 +29,7 @@ class RequestAdmission:
     chunk_budget: int          # chunk-boundary states still allowed
     pending: str = ""          # reason of the state being inserted now
     published: int = 0         # intermediate states admitted so far
-    ghost_end: bool = False    # marconi+: the input reaches a remembered request end
+    ghost: object = None       # marconi+: the ghost index's answer (ghost.GhostAnswer)
     end: int = 0               # marconi+: where its end state is or would be (0: none new)
     hit_node: object = None    # marconi+: the node whose state its (last) match consumes
     counted: bool = False      # marconi+: counted in the end-state reuse rate
@@ -49,9 +49,9 @@ class AdmissionPlans:
     def capped(self) -> bool:
         return self.max_states != NO_CAP
 
-    def on_match(self, req, result, reaches_end: bool = False) -> None:
+    def on_match(self, req, result, ghost=None) -> None:
         """A request matched (possibly again, while it waits): plan its branch state.
-        ``reaches_end`` (marconi+): its input reaches a remembered request end."""
+        ``ghost`` (marconi+): the ghost index's answer for its input (``GhostAnswer``)."""
         hit = result.device_prefix_len
         # without the extra buffer no prefill snapshots a branch: the plan has none
         branch_len = result.mamba_branching_seqlen if self.extra_buffer else None
@@ -61,7 +61,7 @@ class AdmissionPlans:
         self._attach(req, RequestAdmission(
             hit_len=hit, branch_len=branch_len, branch=branch,
             chunk_budget=max(0, self.max_states - reserved),
-            ghost_end=reaches_end,
+            ghost=ghost,
             hit_node=self._matched_node if hit else None))
 
     def _attach(self, req, adm: RequestAdmission) -> RequestAdmission:
@@ -136,7 +136,10 @@ class AdmissionPlans:
         # the simulator's moments: reaching a remembered end counts as a reuse, having
         # an end state of one's own as an end, both before the decision below
         if self.end_usefulness is not None:
-            self.end_usefulness.observe_request(adm.ghost_end, bool(adm.end))
+            self.end_usefulness.observe_request(adm.ghost is not None and bool(adm.ghost.end),
+                                                bool(adm.end))
+        if self.reuse is not None and self.reuse.observe_request(adm.ghost):
+            self.chain_weight_moved()
 
     def _admit_end(self, req, adm: RequestAdmission, position: int, final: bool) -> bool:
         """An end-of-request state (the final one, or the last prefill chunk's: an

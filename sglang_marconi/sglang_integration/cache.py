@@ -61,6 +61,7 @@ class MarconiUnifiedRadixCache(UnifiedRadixCache):
         super().__init__(params)
         self.marconi.tree_tokens = lambda: self.full_evictable_size() + self.full_protected_size()
         self.marconi.rekey = self._rekey
+        self.marconi.rekey_chains = self._rekey_chains
         self.marconi.exporter = make_exporter(self)
         if self.marconi.exporter is not None:
             self.marconi.exporter.set_alpha(self.marconi.alpha)
@@ -81,6 +82,14 @@ class MarconiUnifiedRadixCache(UnifiedRadixCache):
     def _rekey(self, node) -> None:
         for ct in (ComponentType.MAMBA, ComponentType.FULL):
             self.components[ct].track(node)
+
+    def _rekey_chains(self, is_chain) -> None:
+        mamba = self.components[ComponentType.MAMBA]
+        if mamba.queue is None:
+            return
+        for node in mamba.queue.nodes():
+            if is_chain(node):
+                mamba.track(node)
 
     @property
     def marconi_stats(self) -> MarconiStats:
@@ -112,8 +121,8 @@ class MarconiUnifiedRadixCache(UnifiedRadixCache):
                 and self._extends_kv_leaf(result)):
             result = result._replace(mamba_branching_seqlen=None)
         if params.req is not None:
-            result, reaches_end = self.marconi.ghost_branch(params.req, result)
-            self.marconi.on_match(params.req, result, reaches_end)
+            result, ghost = self.marconi.ghost_branch(params.req, result)
+            self.marconi.on_match(params.req, result, ghost)
         return result
 
     def _extends_kv_leaf(self, result) -> bool:

@@ -292,6 +292,11 @@ class MarconiMambaComponent(_ScoredQueue, MambaComponent):
         if not reselected and self._needs_state_backup(x):
             self._hand_over(x)
             return InternalStateBackup(node_id=x.id, num_tokens=1)
+        if not reselected:
+            # an inner state dropped here is an eviction like a leaf's: popped, so the GDSF
+            # clock ages to its key (the simulator's ``evict_one``); the discard below then
+            # finds it gone
+            self.queue.pop_victim()
         self.tree_core._evict_component_and_detach_lru(
             x, self, target=EvictLayer.DEVICE, tracker=tracker, device_frees=device_frees,
             host_frees=host_frees, cache_actions=cache_actions)

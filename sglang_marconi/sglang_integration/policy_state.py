@@ -81,6 +81,7 @@ class MarconiPolicyState(AdmissionPlans):
         self.exporter = None
         self._init_plans()
         self.rekey = None  # callable(node): re-key a node in both victim queues (the cache)
+        self.rekey_chains = None  # callable(is_chain): re-key the chain states (the cache)
         self.clock = 0  # request clock: ticks once per request match (state recency)
         self.extra_buffer = extra_buffer
         self.alpha = (float(settings.alpha)
@@ -228,6 +229,12 @@ class MarconiPolicyState(AdmissionPlans):
         node.max_children = max(node.max_children, len(node.children))
         return self.reuse(node)
 
+    def chain_weight_moved(self) -> None:
+        """marconi+: the learned chain weight moved: re-key the chain states (queued or
+        suspended while locked) with it."""
+        if self.rekey_chains is not None:
+            self.rekey_chains(self.reuse.is_chain)
+
     def matched(self, node) -> None:
         """The match walk under way ends at ``node``, which holds a state."""
         self._matched_node = node
@@ -285,17 +292,19 @@ class MarconiPolicyState(AdmissionPlans):
         """marconi+: where the input leaves the sequences the ghost index remembers (past
         evictions), on the checkpoint grid, as the branch SGLang snapshots in the prefill
         when it lies beyond both the hit and SGLang's own branch (extra_buffer only); and
-        whether the input reaches a remembered end (any mode). Returns (result, reaches)."""
+        the ghost index's answer (``ghost.GhostAnswer``: whether the input reaches a
+        remembered end, any mode; how it leaves the remembered sequences). Returns
+        (result, answer), answer None without a ghost index."""
         if self.ghost is None:
-            return result, False
-        branch, end = self._ghost_lookup(req)
+            return result, None
+        answer = self._ghost_lookup(req)
         if not self.extra_buffer:
-            return result, bool(end)  # no prefill snapshots a branch
-        branch = branch // self.grid * self.grid
+            return result, answer  # no prefill snapshots a branch
+        branch = answer.branch // self.grid * self.grid
         current = result.mamba_branching_seqlen or 0
         if branch > max(current, result.device_prefix_len):
             result = result._replace(mamba_branching_seqlen=branch)
-        return result, bool(end)
+        return result, answer
 
     def state_evicted(self, reason: str) -> None:
         self.stats.evicted[reason] += 1

@@ -27,7 +27,8 @@
   admitted only while their measured reuse rate is >= ``end_threshold``.
 - ``offline``: knows the future (see ``policy.offline``): Belady-style eviction weighted by
   FLOPs saved per byte, end states kept only if reused later, the ghost index. A heuristic
-  reference, not an optimum.
+  reference, not an optimum. ``materialise=sglang``: the same on the snapshots SGLang takes
+  (below), no per-request cap: the mark for marconi+ inside SGLang.
 Options every policy but ``sglang`` takes: ``max_states`` (per request, default 2).
 ``marconi`` and ``marconi+`` also take ``materialise=sglang``: keep only the states SGLang's
 extra buffer snapshots, decided as the ``--cache-policy marconi`` plugin decides (chunk
@@ -132,9 +133,10 @@ def build_cache(policy: PolicySpec, spec, capacity, grid: int = 1, trace=None) -
 def _offline(p, spec, cap, grid, trace):
     ghost = _number(p, "ghost", float, defaults.GHOST_FACTOR, 0.0)
     ghost_tokens = ghost_budget(ghost, spec, cap)
+    grids = _materialise(p)
+    default_cap = defaults.PAPER_MAX_STATES_PER_REQUEST if grids is None else NO_CAP
     return offline_cache(spec, cap, trace.requests, grid,
-                         _number(p, "max_states", int, defaults.PAPER_MAX_STATES_PER_REQUEST, 0),
-                         ghost_tokens)
+                         _number(p, "max_states", int, default_cap, 0), ghost_tokens, grids)
 
 
 def _common(policy):
@@ -263,5 +265,5 @@ POLICY_OPTIONS = {
     "infinite": ("max_states",),
     "marconi+": ("bonus", "half_life", "chain", "ghost", "end_threshold", "max_states",
                  "materialise", "chunk", "page", "track", "overlap"),
-    "offline": ("ghost", "max_states"),
+    "offline": ("ghost", "max_states", "materialise", "chunk", "page", "track"),
 }
