@@ -43,6 +43,15 @@ whose states have at most one child: chat sessions, and everything under ``no_bu
 (which keeps no branch states). Elsewhere (branch states under the extra buffer) the tests
 check the scoring instead: the efficiency, the recency and the ranking of every state.
 
+The call sequence. This harness drives SGLang without the publish of the last prefill
+chunk (``publish_last_chunk=False``), the sequence its simulator image (``sglang_image``, a
+``PrefixCache``; also the online-alpha shadows of ``policy_state``) models: with SGLang's
+real sequence 30 of ``test_parity``'s cases differ (the publish takes a fresh state slot
+during the request, so the state-pool image evicts a request late; marconi+'s end marks;
+under no_buffer a second state at the prompt's end). SGLang's real sequence is held by
+``test_parity_pressure``: the plugin in SGLang's unified buffer against
+``policy.in_sglang.MarconiSGLangCache``, multi-chunk, decode snapshots, evicting.
+
 marconi+ (``MarconiSettings(plus=True)``; the simulator's ``reuse_weight=ReuseWeight()``,
 ``ghost_tokens`` and ``end_threshold``, each side's ghost index of the same size) is compared
 the same way, in the same configurations, and after every request also on the ghost index,

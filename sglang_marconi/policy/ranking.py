@@ -37,6 +37,19 @@ class TreeAdapter(Protocol):
         """``node``'s children (an iterable)."""
 
 
+class LinkedTree:
+    """The ``TreeAdapter`` half every tree here shares: nodes with ``parent`` (None for the
+    root) and a ``children`` dict (SGLang's nodes, ``stock``'s)."""
+
+    @staticmethod
+    def parent(node):
+        return node.parent
+
+    @staticmethod
+    def children(node):
+        return node.children.values()
+
+
 def nearest_state_depth(tree: TreeAdapter, node) -> int:
     """Depth of the nearest proper ancestor of ``node`` holding a state (0: the root)."""
     p = tree.parent(node)

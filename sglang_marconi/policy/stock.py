@@ -142,7 +142,7 @@ class StockSGLangCache:
         self.tracking_slots = tracking_slots
         self.record_hits = record_hits
         self.stats = CacheStats()
-        self.root = _Node(0, None, np.empty(0, np.int64))
+        self.root = self._new_node(0, None, np.empty(0, np.int64))
         self.root.lock = 1  # never evicted
         self._ids = itertools.count(1)
         self._clock = 0.0
@@ -203,6 +203,37 @@ class StockSGLangCache:
     def _note_peak(self) -> None:
         self.stats.peak_bytes = max(self.stats.peak_bytes, self._used())
 
+    # ---- hooks a policy run inside SGLang's cache overrides (``policy.in_sglang``) -----------
+    @staticmethod
+    def _new_node(node_id: int, parent, key: np.ndarray) -> _Node:
+        return _Node(node_id, parent, key)
+
+    def _child_added(self, node: _Node) -> None:
+        """``node`` got a new child (an insert)."""
+
+    def _match_end(self, best: _Node) -> None:
+        """The match ends at ``best`` (the root: no hit), before its path is stamped."""
+        if best is not self.root:
+            self._mru_state(best)  # MATCH_END: the consumed state only
+
+    def _state_inserted(self, node: _Node) -> None:
+        """An insert ended on ``node``, which holds a state now (new or not)."""
+        self._mru_state(node)
+
+    def _branch(self, tokens: np.ndarray, hit: int, kv: int) -> int:
+        """The branch point the match reports (``mamba_branching_seqlen``; 0: none)."""
+        return sglang_branch_point(kv, hit, self.grid)
+
+    def _admit(self, snapshot: int, kind: str) -> bool:
+        """Whether the tree takes the request's snapshot at ``snapshot``; ``kind``: "chunk"
+        (an unfinished prefill chunk), "prefill_end" (the last chunk, the request goes on to
+        decode), "final" (the last tracked snapshot not yet published, at finish; 0: none).
+        Stock SGLang takes all."""
+        return True
+
+    def _finished(self, full: np.ndarray, hit_node: _Node) -> None:
+        """The request is released (after its final insert and unlock)."""
+
     # ---- recency ----------------------------------------------------------------------------
     def _tick(self) -> float:
         t = self._clock
@@ -258,7 +289,7 @@ class StockSGLangCache:
         """``_split_node``: a new parent holds the first ``m`` tokens of ``child``'s edge."""
         parent = child.parent
         old_key = self._child_key(child.key, 0)
-        mid = _Node(next(self._ids), parent, child.key[:m])
+        mid = self._new_node(next(self._ids), parent, child.key[:m])
         mid.stamp = self._tick()
         self._tick()  # its creation time
         mid.lock = child.lock
@@ -286,8 +317,7 @@ class StockSGLangCache:
             if node.state:
                 best = node
             pos += m
-        if best is not self.root:
-            self._mru_state(best)  # MATCH_END: the consumed state only
+        self._match_end(best)
         t = self._tick()
         x = best
         while x is not self.root:
@@ -309,8 +339,9 @@ class StockSGLangCache:
                 child = self._split(child, m)
             node, pos = child, pos + m
         if pos < length:
-            leaf = _Node(next(self._ids), node, tokens[pos:length].copy())
+            leaf = self._new_node(next(self._ids), node, tokens[pos:length].copy())
             node.children[self._child_key(leaf.key, 0)] = leaf
+            self._child_added(node)
             self.num_nodes += 1
             self.tree_kv_tokens += length - pos
             leaf.state = True
@@ -318,7 +349,7 @@ class StockSGLangCache:
             self.stats.states_admitted += 1
             self._stamp(leaf, self._tick())
             self._tick()  # its creation time
-            self._mru_state(leaf)
+            self._state_inserted(leaf)
             return leaf, False
         existed = node.state
         if not existed:
@@ -326,7 +357,7 @@ class StockSGLangCache:
             self.tree_states += 1
             self.stats.states_admitted += 1
         self._stamp(node, self._tick())
-        self._mru_state(node)
+        self._state_inserted(node)
         return node, existed
 
     def _evict_one(self) -> bool:
@@ -413,7 +444,7 @@ class StockSGLangCache:
             st.flops_saved += self.spec.flops_saved(hit, 0)
         if self.record_hits:
             st.per_request_hits.append(hit)
-        branch = sglang_branch_point(kv, hit, self.grid)
+        branch = self._branch(tokens, hit, kv)
 
         run = self._run
         working = hit_node is not self.root
@@ -440,27 +471,31 @@ class StockSGLangCache:
             snapshot = sglang_chunk_snapshot(prefix, end, branch, self.grid) or snapshot
             if end >= n:
                 break
-            if snapshot:
+            if snapshot and self._admit(snapshot, "chunk"):
                 locked = self._publish(full, snapshot, locked, end)
             snapshot = 0
             prefix = end
-        if out > 1:  # the prefill completes and the request goes on to decode
-            if snapshot:
-                locked = self._publish(full, snapshot, locked, n)
-            snapshot = 0
+        last = snapshot  # the last prefill chunk's snapshot
+        published = out > 1 and last and self._admit(last, "prefill_end")
+        if published:  # the prefill completes and the request goes on to decode
+            locked = self._publish(full, last, locked, n)
         # decode: KV for each output token but the last, a page whenever one fills up
         for _ in range(self._pages(n + out - 1) - self._pages(n)):
             self._make_room_kv(self.page)
             run.pages += 1
             self._note_peak()
-        snapshot = sglang_decode_snapshot(n, out, self.track_grid) or snapshot
-        if snapshot:  # finish: the last tracked snapshot goes to the tree with its KV
-            node, _ = self._insert(full, snapshot)
+        # at finish the last tracked snapshot not yet published goes to the tree with its
+        # KV (``_select_finished_checkpoint``): the last decode snapshot, else the last
+        # chunk's; 0: none, the tree is still asked (``prepare_for_caching_req``)
+        final = sglang_decode_snapshot(n, out, self.track_grid) or (0 if published else last)
+        if self._admit(final, "final") and final:
+            node, _ = self._insert(full, final)
             self._unlock(locked)
             locked = node
             self._lock(locked)
         run.pages = run.slots = 0
         self._unlock(locked)
+        self._finished(full, hit_node)
         return hit
 
     def _pages(self, tokens: int) -> int:

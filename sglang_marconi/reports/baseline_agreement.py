@@ -13,6 +13,11 @@ bytes: not ``sim --capacity 100GB`` (10**11 bytes; ``--cache-gb`` is in GiB, and
 buffer is what is left after SGLang's sizing), but the buffer's whole KV pages less the
 state slot 0 SGLang reserves.
 
+The same comparison for marconi+ (``--caches stock,marconi+``, unified only): ``ab``'s
+marconi+ (the ``--cache-policy marconi`` plugin in SGLang's cache objects) against the
+simulator's ``marconi+:materialise=sglang:overlap=1`` (``policy.in_sglang``: the plugin's
+admission and joint walk in the model of SGLang's buffer) on the same bytes.
+
 ``compare`` returns both FLOPs-saved fractions (prefill FLOPs of the hits over the prefill
 FLOPs of all inputs, the cost model's, the same for both), their difference in percentage
 points, the share of requests whose hits are identical, and the requests that differ most.
@@ -20,6 +25,7 @@ points, the share of requests whose hits are identical, and the requests that di
 from __future__ import annotations
 
 from sglang_marconi.policy.stock import StockSGLangCache
+from sglang_marconi.sim.policies import build_cache, parse_policy
 from sglang_marconi.reports.formatting import table, text_table
 
 TARGET_PP = 0.5         # issue 18: within 0.5 percentage points of FLOPs saved
@@ -52,10 +58,10 @@ def sim_pools(sizes) -> dict:
 
 def ab_argv(trace_path, model: str, cache_gb: float, limit: int | None = None,
             chunk: int = 8192, track: int = 256, page: int = 64,
-            memory: str = "unified") -> list:
+            memory: str = "unified", cache: str = "stock") -> list:
     """The ``ab`` command line (after ``python -m sglang_marconi``) the comparison needs."""
     argv = ["ab", "--trace", str(trace_path), "--model", model, "--cache-gb", f"{cache_gb:g}",
-            "--memory", memory, "--caches", "stock", "--page-size", str(page),
+            "--memory", memory, "--caches", cache, "--page-size", str(page),
             "--chunked-prefill-size", str(chunk), "--mamba-track-interval", str(track),
             "--json", "--per-request", "--no-progress"]
     return argv + (["--limit", str(limit)] if limit else [])
@@ -73,10 +79,25 @@ def simulate(trace, spec, capacity: int | None, chunk: int = 8192, track: int = 
     return hits, cache.stats
 
 
+def marconi_plus_policy(chunk: int = 8192, track: int = 256, page: int = 64) -> str:
+    """The simulator's image of ``ab``'s marconi+ (the overlap loop's 2 tracking slots)."""
+    return f"marconi+:materialise=sglang:chunk={chunk}:page={page}:track={track}:overlap=1"
+
+
+def simulate_marconi_plus(trace, spec, capacity: int | None, chunk: int = 8192,
+                          track: int = 256, page: int = 64):
+    """The simulator's ``marconi_plus_policy`` on ``trace``: (hits per request, stats)."""
+    cache = build_cache(parse_policy(marconi_plus_policy(chunk, track, page)), spec, capacity,
+                        page, trace)
+    hits = [cache.process(r.input_tokens, r.full_tokens) for r in trace.requests]
+    return hits, cache.stats
+
+
 def compare(trace, spec, sim_hits, sim_stats, ab_result: dict, capacity: int | None,
-            worst: int = 5) -> dict:
-    """Agreement of the simulator's hits with ``ab``'s (``ab --json --per-request``)."""
-    stock = ab_result["caches"]["stock"]
+            worst: int = 5, cache: str = "stock") -> dict:
+    """Agreement of the simulator's hits with ``ab``'s (``ab --json --per-request``) for
+    ``ab``'s ``cache`` (stock or marconi+)."""
+    stock = ab_result["caches"][cache]
     ab_hits = stock["hit_tokens_per_request"]
     reqs = trace.requests
     if not (len(ab_hits) == len(sim_hits) == len(reqs)):
@@ -90,6 +111,9 @@ def compare(trace, spec, sim_hits, sim_stats, ab_result: dict, capacity: int | N
     identical = len(reqs) - len(diffs)
     pools = ab_result["config"]["pools"]
     return {
+        "cache": cache,
+        "chunk": ab_result["config"].get("chunked_prefill_size", 8192),
+        "track": ab_result["config"].get("mamba_track_interval", 256),
         "requests": len(reqs),
         "capacity_bytes": capacity,
         "pools": pools,
@@ -130,13 +154,17 @@ def _pools_lines(res: dict, cache_gb: float, ab_command: str) -> list:
         ]
     cap = res["capacity_bytes"]
     page_bytes = p["page_size"] * p["kv_bytes_per_token"]
+    policy = ("`sglang:overlap=1` (a running request holds 2 tracking slots, as under ab's "
+              "default overlap schedule)" if res.get("cache", "stock") == "stock" else
+              f"`{marconi_plus_policy(res['chunk'], res['track'], p['page_size'])}` "
+              "(the plugin's admission and joint walk in the model of SGLang's buffer; "
+              "2 tracking slots, as under ab's default overlap schedule)")
     return [
         f"ab: `python -m sglang_marconi {ab_command}` (SGLang's UnifiedRadixCache, "
         f"{tree_core}): one {p['unified_bytes']:,}-byte unified "
         f"buffer ({p['unified_bytes'] // page_bytes:,} KV pages of {p['page_size']} tokens, "
         f"a state = {p['state_bytes'] / p['kv_bytes_per_token']:.2f} KV tokens).",
-        f"simulator: policy `sglang:overlap=1` (a running request holds 2 tracking slots, "
-        f"as under ab's default overlap schedule), capacity {cap:,} bytes = the buffer's "
+        f"simulator: policy {policy}, capacity {cap:,} bytes = the buffer's "
         f"{p['unified_bytes'] // page_bytes:,} whole KV pages x {page_bytes:,} bytes less "
         f"SGLang's reserved state slot 0 ({p['state_bytes']:,} bytes); "
         f"`sim --capacity {cap}` (`--capacity {cache_gb:g}GB` would be "
@@ -150,18 +178,22 @@ def format_report(res: dict, *, trace_name: str, model: str, cache_gb: float,
     sim, ab = res["sim"], res["ab"]
     ok = verdicts(res)
     scope = f"first {res['requests']:,} requests" if limit else f"all {res['requests']:,} requests"
+    cache = res.get("cache", "stock")
+    sim_name = "sglang" if cache == "stock" else "marconi+:materialise=sglang"
+    title = ("Simulator `sglang` vs `ab` stock SGLang" if cache == "stock" else
+             "Simulator `marconi+:materialise=sglang` vs `ab` marconi+ (the plugin)")
     lines = [
-        f"# Simulator `sglang` vs `ab` stock SGLang: {model}, {cache_gb:g} GiB "
+        f"# {title}: {model}, {cache_gb:g} GiB "
         f"{p.get('mode', 'unified')}, {scope} of {trace_name}",
         "",
         *_pools_lines(res, cache_gb, ab_command),
         "",
         table(("", "FLOPs saved (of prefill)", "hit tokens", "states admitted",
                "states evicted", "KV tokens evicted"),
-              [("ab stock", f"{100 * ab['flops_saved_fraction']:.3f}%", f"{ab['hit_tokens']:,}",
+              [(f"ab {cache}", f"{100 * ab['flops_saved_fraction']:.3f}%", f"{ab['hit_tokens']:,}",
                 f"{ab['states_admitted']:,}", f"{ab['states_evicted']:,}",
                 f"{ab['kv_tokens_evicted']:,}"),
-               ("simulator sglang", f"{100 * sim['flops_saved_fraction']:.3f}%",
+               (f"simulator {sim_name}", f"{100 * sim['flops_saved_fraction']:.3f}%",
                 f"{sim['hit_tokens']:,}", f"{sim['states_admitted']:,}",
                 f"{sim['states_evicted']:,}", f"{sim['kv_tokens_evicted']:,}")]),
         "",

@@ -58,7 +58,7 @@ from sglang.srt.mem_cache.unified_cache.components.full import FullComponent
 from sglang.srt.mem_cache.unified_cache.components.mamba import MambaComponent
 
 from sglang_marconi.policy.host_tier import HostClock, HostRanking
-from sglang_marconi.policy.ranking import states_below
+from sglang_marconi.policy.ranking import LinkedTree, states_below
 from sglang_marconi.policy.scoring import VictimQueue
 
 MAMBA = ComponentType.MAMBA
@@ -94,19 +94,11 @@ def token_depth(node) -> int:
     return d
 
 
-class _SGLangTree:
+class _SGLangTree(LinkedTree):
     """The ranking rules' view of SGLang's tree (``policy.ranking.TreeAdapter``)."""
 
     depth = staticmethod(token_depth)
     has_state = staticmethod(has_state)
-
-    @staticmethod
-    def parent(node):
-        return node.parent
-
-    @staticmethod
-    def children(node):
-        return node.children.values()
 
 
 SGLANG_TREE = _SGLangTree()

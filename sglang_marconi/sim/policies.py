@@ -34,8 +34,11 @@ Options every policy but ``sglang`` takes: ``max_states`` (per request, default 
 extra buffer snapshots, decided as the ``--cache-policy marconi`` plugin decides (chunk
 boundaries at ``chunk`` (8192), the branch point inside its chunk, the last prefill chunk and
 the last decode-track snapshot on ``track`` (256), grid lcm(64, ``page``)), with SGLang's
-branch rule and the plugin's default of no per-request cap: the plugin's hits exactly
-while nothing is evicted; its eviction stays the simulator's (``materialise=plan``, the
+branch rule and the plugin's default of no per-request cap; with a fixed alpha or for
+marconi+ inside the model of SGLang's unified buffer (``policy.in_sglang``: the plugin's
+allocation-time joint walk; ``overlap=1``: 2 tracking slots, ``ab``'s default loop), equal
+to ``ab``'s cache request for request (``scripts/bench_baseline_agreement.py --caches
+marconi+``); ``alpha=auto|online`` keep the simulator's eviction (``materialise=plan``, the
 default, keeps the states Marconi plans wherever they are, as the paper's simulator).
 """
 from __future__ import annotations
@@ -48,6 +51,7 @@ from sglang_marconi.policy import defaults
 from sglang_marconi.policy.defaults import NO_CAP
 from sglang_marconi.policy.admission import SGLangGrids, sglang_grid, sglang_track_grid
 from sglang_marconi.policy.cache import PrefixCache
+from sglang_marconi.policy.in_sglang import MarconiSGLangCache
 from sglang_marconi.policy.likelihood import ReuseWeight
 from sglang_marconi.policy.offline import offline_cache
 from sglang_marconi.policy.stock import StockSGLangCache
@@ -153,21 +157,23 @@ def _online(p: PolicySpec) -> dict:
     return out
 
 
-def ghost_budget(ghost: float, spec, cap) -> int | None:
+def ghost_budget(ghost: float, spec, cap, page: int | None = None) -> int | None:
     """Tokens the ghost index remembers: ``ghost`` times the KV tokens the capacity holds
     (for a model without attention layers, whose KV is free: ``ghost`` x the states it holds
-    x 4096 tokens)."""
+    x 4096 tokens). ``page``: in whole pages, as the SGLang plugin counts its buffer's KV
+    tokens (the allocator's size: ``materialise=sglang``)."""
     if not cap or not ghost:
         return None
     per_token = spec.kv_bytes_per_token or spec.ssm_state_bytes / 4096
-    return max(1, int(ghost * cap / per_token))
+    tokens = cap / per_token if page is None else cap // (page * per_token) * page
+    return max(1, int(ghost * tokens))
 
 
 def _marconi(p, spec, cap, grid):
     knobs = dict(bootstrap_multiplier=_number(p, "k", float, defaults.BOOTSTRAP_MULTIPLIER, 0.1),
                  online=_online(p))
     if _materialise(p) is not None:
-        return _in_sglang(p, spec, cap, alpha=_alpha(p), **knobs)
+        return _in_sglang(p, spec, cap, alpha=_alpha(p), knobs=knobs)
     return PrefixCache(spec, cap, alpha=_alpha(p), grid=grid, **knobs, **_common(p))
 
 
@@ -176,7 +182,8 @@ def _marconi_plus(p, spec, cap, grid):
                          half_life=_number(p, "half_life", float, math.inf, 1.0),
                          chain_weight=_number(p, "chain", float, defaults.CHAIN_WEIGHT, 0.0))
     ghost = _number(p, "ghost", float, defaults.GHOST_FACTOR, 0.0)
-    ghost_tokens = ghost_budget(ghost, spec, cap)
+    grids = _materialise(p)
+    ghost_tokens = ghost_budget(ghost, spec, cap, grids.page if grids else None)
     threshold = _number(p, "end_threshold", float, defaults.END_THRESHOLD, 0.0) if ghost_tokens else None
     plus = dict(reuse_weight=weight, ghost_tokens=ghost_tokens, end_threshold=threshold)
     if _materialise(p) is not None:
@@ -192,7 +199,7 @@ def _materialise(p: PolicySpec):
     if how not in ("plan", "sglang"):
         raise UserError(f"policy {p.label!r}: materialise must be plan or sglang, got {how!r}")
     if how == "plan":
-        for key in ("chunk", "page", "track"):
+        for key in ("chunk", "page", "track", "overlap"):
             if p.option(key) is not None:
                 raise UserError(f"policy {p.label!r}: option {key} needs materialise=sglang")
         return None
@@ -202,15 +209,23 @@ def _materialise(p: PolicySpec):
                        track_grid=sglang_track_grid(grid, _number(p, "track", int, 256, 1)))
 
 
-def _in_sglang(p: PolicySpec, spec, cap, alpha, **plus):
-    """Marconi as the SGLang plugin runs it: SGLang's snapshot grids and branch rule
-    (``PrefixCache``'s ``branch_rule="kv"``) and the plugin's default of no per-request cap
-    (``max_states`` sets one). Eviction stays the simulator's (room made when a request's
-    states are inserted): under pressure it differs from SGLang's (docs/usage.md)."""
+def _in_sglang(p: PolicySpec, spec, cap, alpha, knobs=None, **plus):
+    """Marconi as the SGLang plugin runs it: SGLang's snapshot grids and branch rule and the
+    plugin's default of no per-request cap (``max_states`` sets one). A fixed alpha or
+    marconi+ runs inside the model of SGLang's unified buffer (``policy.in_sglang``: its
+    allocation-time joint walk, ``overlap=1``: the overlap loop's 2 tracking slots);
+    ``alpha=auto|online`` keep the simulator's eviction (room made when a request's
+    states are inserted, docs/usage.md)."""
     grids = _materialise(p)
-    return PrefixCache(spec, cap, alpha=alpha, grid=grids.grid, branch_rule="kv",
-                       max_states_per_request=_number(p, "max_states", int, NO_CAP, 0),
-                       materialise=grids, **plus)
+    max_states = _number(p, "max_states", int, NO_CAP, 0)
+    if alpha in ("auto", "online"):
+        return PrefixCache(spec, cap, alpha=alpha, grid=grids.grid, branch_rule="kv",
+                           max_states_per_request=max_states, materialise=grids,
+                           **(knobs or {}), **plus)
+    return MarconiSGLangCache(spec, cap, grids=grids, alpha=alpha,
+                              max_states_per_request=max_states,
+                              tracking_slots=2 if _number(p, "overlap", int, 0, 0) else 1,
+                              **plus)
 
 
 def _sglang(p, spec, cap, grid):
@@ -246,9 +261,9 @@ POLICY_OPTIONS = {
     "vllm+": ("block", "max_states"),
     "paper-sglang+": ("max_states",),
     "marconi": ("alpha", "k", "max_states", "alphas", "window", "period", "hysteresis",
-                "sample", "materialise", "chunk", "page", "track"),
+                "sample", "materialise", "chunk", "page", "track", "overlap"),
     "infinite": ("max_states",),
     "marconi+": ("bonus", "half_life", "chain", "ghost", "end_threshold", "max_states",
-                 "materialise", "chunk", "page", "track"),
+                 "materialise", "chunk", "page", "track", "overlap"),
     "offline": ("ghost", "max_states", "materialise", "chunk", "page", "track"),
 }

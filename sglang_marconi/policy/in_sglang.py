@@ -1,0 +1,370 @@
+"""``MarconiSGLangCache``: marconi / marconi+ as the ``--cache-policy marconi`` plugin runs
+them in SGLang's unified buffer, as a simulator (``sim --policies
+marconi+:materialise=sglang``).
+
+Why a cache of its own. The planning simulator (``cache.PrefixCache``) makes room when a
+request's states are inserted, to a fixed budget, with the request's matched path locked.
+Inside SGLang (``sglang_integration.unified``) room is made while the request *allocates*:
+a copy-on-write slot for its hit, per prefill chunk its working and tracking slots and
+its KV (the whole chunk, plus a page), a fresh slot before each publish, a page whenever
+decode fills one; only the hit node's state is locked (SGLang's MAMBA lock), the path's
+KV is (its FULL lock). So SGLang evicts for KV the request will not keep (a prompt tail
+beyond its last admitted state), before it knows which states it keeps, and may drop the
+states of the hit's ancestors. That was the eviction gap of issue 18 (measured by
+``scripts/bench_baseline_agreement.py --caches marconi+``): the first divergence on the
+bundled trace was a 32K-token request for which SGLang evicted 13 chain states to hold
+its prompt while the planning simulator, inserting only up to its last chunk state,
+evicted none.
+
+So this cache is ``stock.StockSGLangCache`` (SGLang's tree, buffer, running request and
+call sequence, held equal to ``ab``'s stock SGLang request for request) with the plugin's
+two halves in place of stock's:
+
+- admission (``_admit``): the plugin's decision on each snapshot SGLang offers
+  (``sglang_integration.admission_plans``): the planned branch state always; an unfinished
+  chunk's snapshot while the per-request budget lasts (none by default: no cap); the last
+  prefill chunk's snapshot and the final decode snapshot as end states, under marconi+'s
+  learned end-state rule (``likelihood.EndStateUsefulness``, counted once per request when
+  the first end state is offered); a snapshot declined stays with the request (no fresh
+  slot, its KV freed at finish). Branch points: SGLang's rule, or the ghost index's
+  (marconi+) on the grid when it lies further.
+- eviction (``_evict_for``): the joint walk (``unified.JointWalk``): every unlocked leaf
+  (its KV and its state) and every unlocked state on an inner node (its state only),
+  ranked together by the shared rules (``ranking.ranked_efficiency`` per byte freed in the
+  buffer, marconi+'s ``ReuseWeight``, ``VictimQueue`` in GDSF or normalised mode), in a
+  walk-local queue built at the start of each allocation's walk; a parent that becomes a
+  leaf joins it. The aging base of a candidate is the GDSF clock when its persistent
+  queue entry was last re-stamped, as in the plugin's two persistent queues: a state when
+  it is inserted or consumed by a hit (stamped on the request clock, an insert half a
+  tick after the hit), a leaf when it becomes an evictable leaf or its recency moves
+  (released by the running request, split, walked by an insert); their insertion order
+  (the queues' entry order, leaves first) and recency break ties as the walk's sort does.
+
+Not modelled: SGLang's Mamba slot ids (4,006 for paper-7b at 100 GiB: never short before
+bytes are), alpha tuning (``alpha=auto|online`` keep the planning simulator), static pools.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+import numpy as np
+
+from sglang_marconi.model.cost import CostModel
+from sglang_marconi.policy.admission import (SGLangGrids, branch_checkpoint,
+                                             sglang_branch_point)
+from sglang_marconi.policy.defaults import INSERT_CLOCK_OFFSET, NO_CAP
+from sglang_marconi.policy.ghost import GhostIndex
+from sglang_marconi.policy.likelihood import EndStateUsefulness, ReuseWeight
+from sglang_marconi.policy.ranking import LinkedTree, freed_bytes, ranked_efficiency
+from sglang_marconi.policy.scoring import VictimQueue
+from sglang_marconi.policy.stock import StockSGLangCache, _Node
+
+
+class _MarconiNode(_Node):
+    """A tree node with what the plugin keeps on SGLang's nodes: the state's stamp on the
+    request clock, the aging bases of its two queue entries, marconi+'s hit counters."""
+
+    __slots__ = ("used", "state_base", "leaf_base", "leaf_stamp", "hit_score", "last_hit",
+                 "max_children")
+
+    def __init__(self, node_id: int, parent, key: np.ndarray):
+        super().__init__(node_id, parent, key)
+        self.used = 0.0          # request clock of the state's last insert / hit
+        self.state_base = 0.0    # GDSF clock when ``used`` last moved
+        self.leaf_base = 0.0     # GDSF clock when it last became a leaf / its stamp moved
+        self.leaf_stamp = None   # the SGLang stamp its leaf entry was keyed with
+        self.hit_score = 0.0
+        self.last_hit = 0
+        self.max_children = 0
+
+
+class _Tree(LinkedTree):
+    """``ranking.TreeAdapter`` over ``_MarconiNode``s."""
+
+    @staticmethod
+    def depth(node) -> int:
+        return node.depth
+
+    @staticmethod
+    def has_state(node) -> bool:
+        return node.state
+
+
+TREE = _Tree()
+
+
+@dataclass
+class _Plan:
+    """One request's admission state (``admission_plans.RequestAdmission``)."""
+    hit: int
+    branch: int
+    chunk_budget: int
+    ghost: object  # the ghost index's answer (``ghost.GhostAnswer``), None without one
+    published: int = 0
+    counted: bool = False
+    end: int = 0
+    end_offered: int = 0
+    end_admitted: bool = False
+
+
+class MarconiSGLangCache(StockSGLangCache):
+    """marconi (fixed ``alpha``) or marconi+ (``reuse_weight`` given) inside SGLang's
+    unified buffer of ``capacity_bytes`` (see the module doc). ``grids``: SGLang's chunk,
+    page and decode-track grids; ``tracking_slots``: 2 under the overlap scheduler (``ab``'s
+    default loop), 1 without."""
+
+    def __init__(self, spec: CostModel, capacity_bytes: int | None, *,
+                 grids: SGLangGrids = SGLangGrids(), alpha: float = 0.0,
+                 reuse_weight: ReuseWeight | None = None, ghost_tokens: int | None = None,
+                 end_threshold: float | None = None, max_states_per_request: int = NO_CAP,
+                 tracking_slots: int = 2, record_hits: bool = False):
+        super().__init__(spec, capacity_bytes, chunk=grids.chunk, page=grids.page,
+                         track=grids.track_grid, tracking_slots=tracking_slots,
+                         record_hits=record_hits)
+        if (self.grid, self.track_grid) != (grids.grid, grids.track_grid):
+            raise ValueError(f"grids {grids} are not SGLang's for page {grids.page}")
+        self.alpha = float(alpha)
+        self.reuse = reuse_weight
+        self.mode = "gdsf" if reuse_weight is not None else "marconi"
+        self.max_states = max_states_per_request
+        self.ghost = GhostIndex(ghost_tokens) if ghost_tokens else None
+        if end_threshold is not None and self.ghost is None:
+            raise ValueError("learned end-state admission needs the ghost index")
+        self.end_usefulness = (EndStateUsefulness(end_threshold)
+                               if end_threshold is not None else None)
+        self.clock = 0            # the request clock: one tick per request's match
+        self.gdsf_clock = 0.0     # the persistent queues' aging clock
+        self._counters = ([], [])  # (SGLang stamp, request clock) at each request's match
+        # the persistent queues' live entries, in their insertion order
+        self._leaves_live: dict = {}
+        self._states_live: dict = {}
+        self._plan: _Plan | None = None
+        self._input_len = 0
+        self._lru = self.mode == "marconi" and self.alpha == 0.0  # the plugin runs SGLang's
+
+    # ---- the tree's events -------------------------------------------------------------------
+    @staticmethod
+    def _new_node(node_id: int, parent, key: np.ndarray) -> _MarconiNode:
+        return _MarconiNode(node_id, parent, key)
+
+    def _evictable_leaf(self, node) -> bool:
+        return (node is not self.root and node.alive and not node.children
+                and node.lock == 0)
+
+    def _maybe_leaf(self, node) -> None:
+        """A node became a leaf or was stamped: the FULL queue's entry (``_LeafSet``)."""
+        if self._lru:  # SGLang's own walk: stock's leaf heap
+            super()._maybe_leaf(node)
+            return
+        if not self._evictable_leaf(node):
+            return
+        if node not in self._leaves_live:
+            self._leaves_live[node] = None
+            node.leaf_base, node.leaf_stamp = self.gdsf_clock, node.stamp
+        elif node.leaf_stamp != node.stamp:
+            node.leaf_base, node.leaf_stamp = self.gdsf_clock, node.stamp
+
+    def _child_added(self, node) -> None:
+        self._leaves_live.pop(node, None)
+        if node.state:
+            node.max_children = max(node.max_children, len(node.children))
+
+    def _use_state(self, node, stamp: float) -> None:
+        """The MAMBA queue's entry of ``node``'s state, re-stamped at ``stamp``."""
+        if node.used != stamp:
+            node.used, node.state_base = stamp, self.gdsf_clock
+        node.max_children = max(node.max_children, len(node.children))
+        if node.anchor == 0 and node not in self._states_live:
+            self._states_live[node] = None
+
+    def _match_end(self, best) -> None:
+        stamps, clocks = self._counters
+        if not clocks or clocks[-1] != self.clock:
+            stamps.append(self._clock)  # the stamp this match gives its hit path
+            clocks.append(self.clock)
+        if best is not self.root:
+            self._use_state(best, self.clock)
+
+    def _state_inserted(self, node) -> None:
+        self._use_state(node, self.clock + INSERT_CLOCK_OFFSET)
+
+    def _lock(self, node) -> None:
+        super()._lock(node)
+        if node.anchor == 1:  # SGLang's MAMBA lock: the state leaves the ranking
+            self._states_live.pop(node, None)
+        x = node
+        while x is not self.root:
+            if x.lock == 1:
+                self._leaves_live.pop(x, None)
+            x = x.parent
+
+    def _unlock(self, node) -> None:
+        super()._unlock(node)  # a node whose FULL lock ends is a leaf again: _maybe_leaf
+        if node.anchor == 0 and node.state and node is not self.root:
+            self._states_live[node] = None  # resumed: its place among equal keys is new
+
+    def _delete(self, node) -> None:
+        self._leaves_live.pop(node, None)
+        self._states_live.pop(node, None)
+        super()._delete(node)
+
+    def _drop_state(self, node) -> None:
+        """The joint walk frees an inner node's state; its KV stays (a tombstone)."""
+        node.state = False
+        self.tree_states -= 1
+        self._states_live.pop(node, None)
+        node.hit_score, node.last_hit = 0.0, 0  # the plugin's ``forget_hits``
+        node.max_children = len(node.children)
+        st = self.stats
+        st.evictions += 1
+        st.states_evicted += 1
+        st.states_dropped += 1
+
+    # ---- the joint walk ------------------------------------------------------------------
+    def _recency(self, node) -> float:
+        """``unified.joint_recency``: a state's stamp, else the request clock of the match
+        that last stamped the node."""
+        if node.state:
+            return node.used
+        stamps, clocks = self._counters
+        i = bisect.bisect_right(stamps, node.stamp) - 1
+        return clocks[i] if i >= 0 else 0
+
+    def _weight(self, node) -> float:
+        node.max_children = max(node.max_children, len(node.children))
+        return self.reuse(node)
+
+    def _efficiency(self, node, leaf: bool) -> float:
+        freed = freed_bytes(self.kv_bytes, self.state_bytes, len(node.key), leaf, node.state)
+        return ranked_efficiency(self.spec, TREE, node, freed,
+                                 self._weight if self.reuse is not None else None)
+
+    def _valid(self, node) -> bool:
+        return self._evictable_leaf(node) or (node.alive and node.state and node.anchor == 0
+                                              and node is not self.root)
+
+    def _add(self, queue: VictimQueue, node, base: float) -> None:
+        if self._valid(node):
+            queue.add_aged(node, self._recency(node),
+                           self._efficiency(node, self._evictable_leaf(node)), base)
+
+    def _evict_for(self, enough) -> None:
+        """One allocation's walk: evict in the joint ranking until ``enough()``."""
+        if enough():
+            return
+        if self._lru:
+            while not enough():
+                if not self._evict_one():
+                    self.stuck += 1
+                    return
+            return
+        queue = VictimQueue(self.alpha, mode=self.mode)
+        queue.clock = self.gdsf_clock
+        bases = {node: node.leaf_base for node in self._leaves_live}
+        bases.update((node, node.state_base) for node in self._states_live)
+        for node in sorted(bases, key=self._recency):  # stable: ties in entry order
+            self._add(queue, node, bases[node])
+        queue.refresh()
+        pending = None
+        while not enough():
+            if (pending is not None and pending is not self.root
+                    and pending not in queue and self._evictable_leaf(pending)):
+                self._add(queue, pending, queue.clock)
+            pending = None
+            while (x := queue.pop_victim()) is not None and not self._valid(x):
+                pass
+            if x is None:
+                self.stuck += 1
+                break
+            if self._evictable_leaf(x):
+                pending = x.parent
+                self._delete(x)
+            else:
+                self._drop_state(x)
+        self.gdsf_clock = max(self.gdsf_clock, queue.clock)
+
+    def _make_room_kv(self, tokens: int) -> None:
+        if self.capacity is not None:
+            self._evict_for(lambda: self.kv_available() >= tokens)
+
+    def _make_room_states(self, slots: int) -> None:
+        if self.capacity is not None:
+            self._evict_for(lambda: self.states_available() >= slots)
+
+    # ---- admission (the plugin's ``admission_plans``) ---------------------------------------
+    def _branch(self, tokens: np.ndarray, hit: int, kv: int) -> int:
+        n = len(tokens)
+        branch = sglang_branch_point(kv, hit, self.grid)
+        answer = None
+        if self.ghost is not None:
+            answer = self.ghost.lookup(tokens, max(0, n - 1))
+            ghost_branch = answer.branch // self.grid * self.grid
+            if ghost_branch > max(branch, hit):
+                branch = ghost_branch
+        planned = branch_checkpoint(n, hit, branch or None, self.grid, self.max_states)
+        reserved = (1 if planned else 0) + 1  # the branch point and the final state
+        self._plan = _Plan(hit, planned, max(0, self.max_states - reserved), answer)
+        self._input_len = n
+        return branch
+
+    @property
+    def capped(self) -> bool:
+        return self.max_states != NO_CAP
+
+    def _admit(self, snapshot: int, kind: str) -> bool:
+        plan = self._plan
+        if plan.branch and snapshot == plan.branch:  # (never 0)
+            if kind == "final":
+                self._observe_end(snapshot)
+            else:
+                plan.published += 1
+            return True
+        if kind == "chunk":
+            if plan.chunk_budget > 0:
+                plan.chunk_budget -= 1
+                plan.published += 1
+                return True
+            return False
+        if kind == "final" and plan.end_offered and snapshot == plan.end_offered:
+            return plan.end_admitted
+        self._observe_end(snapshot)
+        plan.end_offered, plan.end_admitted = snapshot, False
+        if self.end_usefulness is not None and plan.end and not self.end_usefulness.admit():
+            self.stats.end_states_skipped += 1
+            return False
+        if self.capped and plan.published >= self.max_states:
+            return False
+        plan.published += 1
+        plan.end_admitted = True
+        return True
+
+    def _observe_end(self, position: int) -> None:
+        """marconi+: the request counts once in the end-state reuse rate."""
+        plan = self._plan
+        if self.ghost is None or plan.counted:
+            return
+        plan.counted = True
+        end = position
+        if plan.branch and position == plan.branch:
+            end = self._input_len // self.grid * self.grid
+        plan.end = end if end > plan.hit else 0
+        if self.end_usefulness is not None:
+            self.end_usefulness.observe_request(plan.ghost is not None and bool(plan.ghost.end),
+                                                bool(plan.end))
+        if self.reuse is not None:
+            # the learned chain weight: the walk weighs every candidate afresh, and a re-key
+            # keeps a state's aging base (its recency is unchanged), so a move needs nothing
+            self.reuse.observe_request(plan.ghost)
+
+    def _finished(self, full: np.ndarray, hit_node) -> None:
+        plan, self._plan = self._plan, None
+        if self.ghost is not None:
+            self.ghost.record(full, plan.end, self.clock)
+        if self.reuse is not None and hit_node is not self.root and hit_node.state:
+            self._weight(hit_node)
+            self.reuse.record_hit(hit_node, self.clock)
+
+    def process(self, input_tokens, full_tokens) -> int:
+        self.clock += 1
+        return super().process(input_tokens, full_tokens)
