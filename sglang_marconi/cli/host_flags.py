@@ -11,11 +11,11 @@ is given (``PoolConfig.hicache_ratio``)."""
 from __future__ import annotations
 
 from sglang_marconi.cli.pool_flags import _positive_float
+from sglang_marconi.driver.sizing import ratio_for_size
 from sglang_marconi.errors import UserError
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 DEFAULT_RATIO = 2.0  # SGLang's --hicache-ratio default in the host-cache mode
-GB = 1e9             # --hicache-size is in 10**9 bytes (pool_host/mamba.py, mha.py)
 
 
 def add_host_arguments(parser) -> None:
@@ -37,13 +37,6 @@ def host_enabled(args) -> bool:
     return any(getattr(args, name) is not None for name in
                ("hicache_size", "hicache_ratio", "hicache_write_policy",
                 "hicache_storage_backend"))
-
-
-def ratio_for_size(size_gb: float, spec, kv_tokens: int, mamba_slots: int) -> float:
-    """Host slots per device slot for ``--hicache-size size_gb``, the same for both pools
-    (SGLang's proportional split)."""
-    device_bytes = kv_tokens * spec.kv_bytes_per_token + mamba_slots * spec.ssm_state_bytes
-    return size_gb * GB / device_bytes
 
 
 def host_ratio(args, spec, kv_tokens: int, mamba_slots: int) -> float:

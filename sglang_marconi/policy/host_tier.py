@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
 from sglang_marconi.model.cost import CostModel
+from sglang_marconi.model.gpus import DEFAULT_HOST_GPU, preset
 from sglang_marconi.policy.ranking import TreeAdapter, nearest_state_depth
 from sglang_marconi.policy.scoring import utility
 
@@ -135,3 +136,10 @@ class HostRanking:
         heap = [self.entry(n) for n in nodes]
         heapq.heapify(heap)
         return heap
+
+
+def host_link_preset(name: str = DEFAULT_HOST_GPU, **overrides) -> HostLink:
+    """The two-tier rule's cost of a host load on a preset: PCIe bytes/s and the prefill
+    FLOP rate (mfu x peak) whose FLOPs a load's time forgoes."""
+    gpu = preset(name, **overrides)
+    return HostLink(gpu.pcie_bytes_s, gpu.mfu * gpu.peak_flops)

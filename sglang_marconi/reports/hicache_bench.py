@@ -19,11 +19,12 @@ import warnings
 from pathlib import Path
 from typing import Optional
 
-from sglang_marconi.cli.host_flags import ratio_for_size
-from sglang_marconi.driver.sizing import size_pools
+from sglang_marconi.driver.pools import PoolConfig
+from sglang_marconi.driver.sizing import ratio_for_size, size_pools
 from sglang_marconi.model import preset_spec
 from sglang_marconi.reports import cell_runs
 from sglang_marconi.reports.formatting import table
+from sglang_marconi.sglang_integration.options import MarconiSettings
 
 MODELS = ("paper-7b", "qwen3_next")
 DEVICE_GB = 100
@@ -59,9 +60,7 @@ def run_cell(cell: dict, trace: str, limit: Optional[int] = None) -> dict:
     """One cache on one device budget + host tier: the A/B column plus the cell."""
     warnings.filterwarnings("ignore", category=UserWarning)
     # heavy: sglang and torch, only in the worker that replays
-    from sglang_marconi.driver.pools import PoolConfig
     from sglang_marconi.harness.ab import ABConfig, run_one
-    from sglang_marconi.sglang_integration.options import MarconiSettings
 
     spec = preset_spec(cell["model"])
     sizes = size_pools(spec, cell["device_gb"], "static")

@@ -11,60 +11,18 @@
   context;
 - every step adds ``step_overhead_s`` (scheduling, launch, sampling).
 
-Presets' peaks are the vendors' datasheet numbers (dense BF16 tensor-core FLOP/s, HBM
-bandwidth): NVIDIA A100 SXM 80GB datasheet (312 TFLOP/s, 2.039 TB/s); H100 SXM datasheet
-(989 TFLOP/s, 3.35 TB/s); H200 SXM datasheet (989 TFLOP/s, 4.8 TB/s); B200 (HGX B200
-datasheet: 2.25 PFLOP/s dense BF16, 8 TB/s). The host link (HiCache's host -> device
-load-back, ``pcie_bytes_s``) is one direction of the datasheets' bidirectional PCIe figure:
-A100 "PCIe Gen4: 64 GB/s" -> 32 GB/s; H100 and H200 "PCIe Gen5: 128 GB/s" -> 64 GB/s; B200
-assumed the same Gen5 x16 link as the H200 (not checked against a datasheet). MFU, HBM efficiency and the overhead are
-assumptions, not measurements: no GPU was available to calibrate them. MoE models: the
+Presets: ``model.gpus`` (datasheet peaks and bandwidths, assumed efficiencies). MoE models: the
 weights read per decode step are the *active* parameters (a lower bound when a large batch
 touches every expert).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
-
+# the presets live in model.gpus and the host link's cost in policy.host_tier (the SGLang
+# cache reads them too); re-exported here for the serving replay and its callers
+from sglang_marconi.model.gpus import (DEFAULT_HOST_GPU, OVERRIDABLE, PRESETS,  # noqa: F401
+                                       GpuPreset, preset)
 from sglang_marconi.model.spec import dtype_bytes
-from sglang_marconi.policy.host_tier import HostLink
-
-
-@dataclass(frozen=True)
-class GpuPreset:
-    name: str
-    peak_flops: float          # dense BF16 tensor-core FLOP/s (datasheet)
-    hbm_bytes_s: float         # HBM bandwidth, bytes/s (datasheet)
-    mfu: float = 0.45          # assumed fraction of the peak a prefill reaches
-    hbm_efficiency: float = 0.7  # assumed fraction of the bandwidth a decode step reaches
-    step_overhead_s: float = 0.002  # assumed fixed cost of one scheduler step + launch
-    pcie_bytes_s: float = 64e9    # host -> device bytes/s (one direction of the datasheet's)
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-PRESETS = {
-    "a100": GpuPreset("a100", 312e12, 2.039e12, pcie_bytes_s=32e9),
-    "h100": GpuPreset("h100", 989e12, 3.35e12),
-    "h200": GpuPreset("h200", 989e12, 4.8e12),
-    "b200": GpuPreset("b200", 2250e12, 8.0e12),
-}
-OVERRIDABLE = ("peak_flops", "hbm_bytes_s", "mfu", "hbm_efficiency", "step_overhead_s",
-               "pcie_bytes_s")
-DEFAULT_HOST_GPU = "h200"  # the GPU the SGLang cache's two-tier rule assumes (it has no clock)
-
-
-def preset(name: str, **overrides) -> GpuPreset:
-    """A preset with the non-None ``overrides`` applied (KeyError for an unknown name)."""
-    return replace(PRESETS[name], **{k: v for k, v in overrides.items() if v is not None})
-
-
-def host_link_preset(name: str = DEFAULT_HOST_GPU, **overrides) -> HostLink:
-    """The two-tier rule's cost of a host load on a preset: PCIe bytes/s and the prefill
-    FLOP rate (mfu x peak) whose FLOPs a load's time forgoes."""
-    gpu = preset(name, **overrides)
-    return HostLink(gpu.pcie_bytes_s, gpu.mfu * gpu.peak_flops)
+from sglang_marconi.policy.host_tier import host_link_preset  # noqa: F401
 
 
 class GpuTimeModel:

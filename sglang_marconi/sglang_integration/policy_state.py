@@ -52,10 +52,9 @@ import logging
 from sglang_marconi.policy import defaults
 from sglang_marconi.policy.defaults import PAPER_MAX_STATES_PER_REQUEST
 from sglang_marconi.policy.mirror import state_pool_image
-from sglang_marconi.policy.host_tier import HostLink, host_efficiency
+from sglang_marconi.policy.host_tier import HostLink, host_efficiency, host_link_preset
 from sglang_marconi.policy.ranking import ranked_efficiency
 from sglang_marconi.sglang_integration.admission_plans import NO_CAP, AdmissionPlans, RequestAdmission
-from sglang_marconi.serving.gpu_model import host_link_preset
 from sglang_marconi.sglang_integration.components import MAMBA as SGLANG_MAMBA
 from sglang_marconi.sglang_integration.components import SGLANG_TREE, TIER_TREE, has_state
 from sglang_marconi.sglang_integration.options import MarconiSettings
