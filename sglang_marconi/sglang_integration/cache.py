@@ -84,12 +84,15 @@ class MarconiUnifiedRadixCache(UnifiedRadixCache):
             self.components[ct].track(node)
 
     def _rekey_chains(self, is_chain) -> None:
-        mamba = self.components[ComponentType.MAMBA]
-        if mamba.queue is None:
-            return
-        for node in mamba.queue.nodes():
-            if is_chain(node):
-                mamba.track(node)
+        """Re-key the chain nodes both victim queues hold (a FULL queue leaf is a chain
+        node when its one child lives on the host tier only)."""
+        for ct in (ComponentType.MAMBA, ComponentType.FULL):
+            comp = self.components[ct]
+            if comp.queue is None:
+                continue
+            for node in comp.queue.nodes():
+                if is_chain(node):
+                    comp.track(node)
 
     @property
     def marconi_stats(self) -> MarconiStats:

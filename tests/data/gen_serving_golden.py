@@ -1,7 +1,10 @@
 """Writes tests/data/serving_normal_loop_golden.json: serve-sim's normal loop as it was at
 commit 60b8b61, before the overlap loop existed (run there, from the repository root:
 ``PYTHONPATH=. python tests/data/gen_serving_golden.py TRACE OUT``). tests/test_overlap.py
-checks that ``--disable-overlap-schedule`` still gives these numbers, bit for bit."""
+checks that ``--disable-overlap-schedule`` still gives these numbers, bit for bit. The
+marconi+ entries were regenerated (with ``{"overlap": False}`` and
+``--disable-overlap-schedule``) when issue 18 changed marconi+'s policy (the learned chain
+weight); the stock entries are still 60b8b61's."""
 import json
 import sys
 from array import array
