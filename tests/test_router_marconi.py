@@ -212,3 +212,34 @@ def test_affinity_threshold_is_cache_awares_rule_in_flops(paper_spec):
     assert (d.worker, d.rule) == (1, "flops_load")
     with pytest.raises(UserError, match="--router-affinity-threshold"):
         router(paper_spec, affinity_threshold=1.5)
+
+
+def test_owner_memory_outlives_the_replica_s_kv_record(paper_spec):
+    """A family whose KV the record believes evicted goes back to the replica it was sent
+    to (rule ``owner``) when that prefix is above the threshold x its tokens; with the
+    owner memory off, to the least queued replica."""
+    routed = {}
+    for owner_tokens in (1 << 26, 0):
+        r = router(paper_spec, kv_tokens=64 * 20, branch_weight=1.0, affinity_threshold=0.3,
+                   owner_tokens=owner_tokens)
+        a = ids(0, 1000)
+        serve(r, "a", a)                                    # w0 (all idle)
+        for i in range(3):                                  # push a out of w0's KV record
+            serve(r, f"x{i}", ids(100_000 * (i + 1), 640))
+        assert r.reusable(0, a[:700] + ids(10_000, 300)) == (0, 0)
+        r.route_request("q", ids(900_000, 4000), [0, 0, 0])   # w0 busy: q queued there
+        d = r.route_request("b", a[:700] + ids(10_000, 300), [1, 0, 0])
+        routed[owner_tokens] = (d.worker, d.rule)
+        # a prefix below the threshold (one block of 1000) never uses the owner memory
+        e = r.route_request("e", a[:64] + ids(20_000, 936), [1, 1, 0])
+        assert e.rule == "flops_load"
+    assert routed == {1 << 26: (0, "owner"), 0: (1, "flops_load")}
+    with pytest.raises(UserError, match="--router-owner-tokens"):
+        router(paper_spec, owner_tokens=-1)
+
+
+def test_owner_memory_is_bounded(paper_spec):
+    r = router(paper_spec, affinity_threshold=0.3, owner_tokens=64 * 10)
+    for i in range(5):
+        serve(r, f"r{i}", ids(10_000 * i, 640))
+    assert all(len(owned) <= 10 for owned in r.owners)

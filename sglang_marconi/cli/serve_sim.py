@@ -22,7 +22,7 @@ from sglang_marconi.serving.gpu_model import PRESETS, GpuTimeModel, preset
 from sglang_marconi.serving.metrics import bookkeeping_ratios
 from sglang_marconi.serving.router import ROUTERS, make_router
 from sglang_marconi.serving.router_marconi import (AFFINITY_THRESHOLD, BRANCH_WEIGHT,
-                                                   LOAD_PENALTY, CostRouter)
+                                                   LOAD_PENALTY, OWNER_TOKENS, CostRouter)
 from sglang_marconi.sim.traces import read_trace
 
 COLUMNS = (  # (header, key, format)
@@ -171,6 +171,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "when that is above this fraction of its prefill FLOPs, else the "
                         "least queued (default: sglang-router's --cache-threshold 0.3); off: "
                         "the score (saved FLOPs - load penalty x queued FLOPs) instead")
+    r.add_argument("--router-owner-tokens", type=int, default=OWNER_TOKENS,
+                   help="marconi, oracle (with the affinity threshold): when no replica's "
+                        "reuse passes it, the replica the router sent the longest prefix of "
+                        "the request to, if above the threshold x its tokens; the router "
+                        "remembers this many tokens sent per replica (default: cache_aware's "
+                        "--max-tree-size; 0: off, the least queued replica)")
     parser.add_argument("--limit", type=_positive, default=None,
                         help="only the first N requests")
     parser.add_argument("--bookkeeping", choices=("measured", "cpu", "off"), default="measured",
@@ -322,7 +328,8 @@ def router_options(args) -> dict:
                "balance_rel_threshold": args.router_balance_rel_threshold}
     cost = {**balance, "load_penalty": args.router_load_penalty,
             "branch_weight": args.router_branch_weight,
-            "affinity_threshold": args.router_affinity_threshold}
+            "affinity_threshold": args.router_affinity_threshold,
+            "owner_tokens": args.router_owner_tokens}
     return {"cache_aware": {"cache_threshold": args.router_cache_threshold, **balance,
                             "eviction_interval_secs": args.router_eviction_interval_secs,
                             "max_tree_size": args.router_max_tree_size},

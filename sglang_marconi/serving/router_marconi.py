@@ -23,6 +23,14 @@ score(k) = flops_saved(reusable tokens on k)
   replaces the score by cache_aware's rule in FLOPs: the value of k is the score without
   the load term; when the best value is above T x the request's prefill FLOPs the request
   goes there (rule ``affinity``), else to the least queued replica (``flops_load``).
+- owners (``owner_tokens``, default cache_aware's ``--max-tree-size``, 2^26): before that
+  fallback, the replica the router sent the longest prefix of the request to, by its own
+  memory of what it sent (chained block hashes, an LRU of ``owner_tokens`` per replica,
+  which outlives what the replica still holds), when that prefix is above T x the
+  request's tokens (cache_aware's rule on its own tree: rule ``owner``). A family whose
+  states the replica evicted goes back to where its KV was: a hybrid replica needs two
+  visits to a prefix before a third can reuse it, and scattering the family over the least
+  queued replicas restarts that count on each. 0 turns it off.
   Every call is O(replicas x blocks of the request).
 
 ``marconi`` (``MarconiRouter``) knows only what a router can know. Per replica it keeps
@@ -72,6 +80,9 @@ BRANCH_WEIGHT = 1.0
 # serve-sim's default rule for both (``--router-affinity-threshold``): sglang-router's own
 # --cache-threshold default, in FLOPs of the reusable prefix (docs/scale-out.md)
 AFFINITY_THRESHOLD = 0.3
+# what the router remembers sending to each replica, in tokens: sglang-router's
+# cache_aware --max-tree-size default (characters per worker, CacheAwareConfig::default)
+OWNER_TOKENS = 1 << 26
 
 
 def block_hashes(ids: Sequence[int], grid: int, limit: Optional[int] = None) -> List[int]:
@@ -173,7 +184,7 @@ class CostRouter:
     def __init__(self, workers: Sequence[str], spec, load_penalty: float = LOAD_PENALTY,
                  branch_weight: float = BRANCH_WEIGHT,
                  balance_abs_threshold: int = 64, balance_rel_threshold: float = 1.5,
-                 affinity_threshold: Optional[float] = None):
+                 affinity_threshold: Optional[float] = None, owner_tokens: int = OWNER_TOKENS):
         if not workers:
             raise UserError("router: at least one worker is needed")
         if not (math.isfinite(load_penalty) and load_penalty >= 0):
@@ -188,6 +199,10 @@ class CostRouter:
             raise UserError("--router-affinity-threshold: expected a fraction in [0, 1], got "
                             f"{affinity_threshold}")
         self.affinity_threshold = affinity_threshold
+        if owner_tokens < 0:
+            raise UserError(f"--router-owner-tokens: expected a number >= 0, got {owner_tokens}")
+        self.owner_tokens = int(owner_tokens)
+        self.owners = [LRUSet(max(1, self.owner_tokens // self.grid)) for _ in self.workers]
         # the balance guard is cache_aware's own rule (and its threshold checks)
         self.guard = CacheAwareRouter(workers, balance_abs_threshold=balance_abs_threshold,
                                       balance_rel_threshold=balance_rel_threshold,
@@ -227,8 +242,9 @@ class CostRouter:
         """The least queued prefill FLOPs, then the fewest in flight, then the lowest index."""
         return min(candidates, key=lambda k: (self.queued_flops(k), loads[k], k))
 
-    def choose(self, views, loads: Sequence[int], input_len: int) -> tuple:
-        """(replica, rule) once the balance guard has let the request through."""
+    def choose(self, views, loads: Sequence[int], input_len: int, hashes=()) -> tuple:
+        """(replica, rule) once the balance guard has let the request through;
+        ``hashes``: the request's key in blocks (the owner fallback)."""
         n = range(len(self.workers))
         if self.affinity_threshold is None:
             scores = [self.score(k, *views[k], input_len) for k in n]
@@ -240,7 +256,27 @@ class CostRouter:
         best = max(values)
         if best > self.affinity_threshold * self.spec.prefill_flops(input_len):
             return self.least_queued([k for k in n if values[k] == best], loads), "affinity"
+        if self.owner_tokens and hashes:
+            sent = [self.owned_blocks(k, hashes) for k in n]
+            most = max(sent)
+            if most * self.grid > self.affinity_threshold * input_len:
+                return self.least_queued([k for k in n if sent[k] == most], loads), "owner"
         return self.least_queued(n, loads), "flops_load"
+
+    def owned_blocks(self, k: int, hashes: Sequence[int]) -> int:
+        """Leading blocks of ``hashes`` the router remembers sending to replica ``k``."""
+        owned = self.owners[k]
+        for i, h in enumerate(hashes):
+            if h not in owned:
+                return i
+        return len(hashes)
+
+    def remember_owner(self, k: int, input_ids: Sequence[int]) -> None:
+        """Replica ``k`` was sent ``input_ids``: refresh its path, parents last."""
+        if self.owner_tokens:
+            owned = self.owners[k]
+            for h in reversed(block_hashes(input_ids, self.grid)):
+                owned.add(h)
 
     def route_request(self, rid: str, input_ids: Sequence[int], loads: Sequence[int]) -> Decision:
         if len(loads) != len(self.workers):
@@ -249,12 +285,15 @@ class CostRouter:
         if self.guard.imbalanced(loads):
             idx, rule = first_min(loads), "balance"
         else:
-            idx, rule = self.choose(views, loads, len(input_ids))
+            idx, rule = self.choose(views, loads, len(input_ids),
+                                    block_hashes(input_ids, self.grid, len(input_ids) - 1)
+                                    if self.owner_tokens else ())
         believed, kv = views[idx]
         flops = self.spec.prefill_flops(len(input_ids)) - self.spec.prefill_flops(believed)
         self.in_flight[rid] = InFlight(idx, input_ids, kv, believed, flops)
         self.queued[idx][rid] = flops
         self.on_routed(idx, input_ids)
+        self.remember_owner(idx, input_ids)
         return Decision(idx, rule, input_chars=len(input_ids), believed_tokens=believed)
 
     def prefill_done(self, rid: str) -> None:
@@ -285,12 +324,12 @@ class MarconiRouter(CostRouter):
     def __init__(self, workers: Sequence[str], spec, kv_tokens: int, state_slots: int,
                  page_size: int = 64, chunked_prefill_size: int = 8192,
                  mamba_track_interval: int = 256, admission: str = "sglang", **options):
+        self.grid = sglang_grid(page_size)  # before the base sizes its records in blocks
         super().__init__(workers, spec, **options)
         if admission not in ADMISSION_RULES:
             raise UserError(f"router: admission rule must be one of {', '.join(ADMISSION_RULES)}"
                             f", got {admission!r}")
         self.admission = admission
-        self.grid = sglang_grid(page_size)
         self.page = page_size
         self.chunk = chunked_prefill_size
         self.track_grid = sglang_track_grid(self.grid, mamba_track_interval)
@@ -384,11 +423,11 @@ class OracleRouter(CostRouter):
     name = "oracle"
 
     def __init__(self, workers: Sequence[str], spec, caches: Sequence, **options):
-        super().__init__(workers, spec, **options)
-        if len(caches) != len(self.workers):
-            raise ValueError(f"{len(caches)} caches for {len(self.workers)} workers")
+        if len(caches) != len(workers):
+            raise ValueError(f"{len(caches)} caches for {len(workers)} workers")
         self.caches = list(caches)
-        self.grid = sglang_grid(self.caches[0].page_size)
+        self.grid = sglang_grid(self.caches[0].page_size)  # before the base's records
+        super().__init__(workers, spec, **options)
 
     def reusable(self, k: int, input_ids: Sequence[int]) -> tuple:
         return readonly_match(self.caches[k], input_ids)
