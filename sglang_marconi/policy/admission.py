@@ -220,7 +220,7 @@ def plan_marconi_in_sglang(input_len: int, output_len: int, hit_len: int, branch
     final = sglang_decode_snapshot(input_len, output_len, grids.track_grid) or last
     if final and final != branch and final not in ends:
         ends.append(final)
-    # the end state as the plugin's ``_observe_end`` sees it first: the last chunk's
+    # the end state as ``snapshot_admission.count_end`` sees it first: the last chunk's
     # snapshot, else the final one; the branch snapshot in the end state's place stands
     # for the input's grid-floored end
     end = ends[0] if ends else (_floor(input_len, grids.grid) if final else 0)

@@ -46,18 +46,17 @@ bytes are), alpha tuning (``alpha=auto|online`` keep the planning simulator), st
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
 
 import numpy as np
 
 from sglang_marconi.model.cost import CostModel
-from sglang_marconi.policy.admission import (SGLangGrids, branch_checkpoint,
-                                             sglang_branch_point)
+from sglang_marconi.policy.admission import SGLangGrids, sglang_branch_point
 from sglang_marconi.policy.defaults import INSERT_CLOCK_OFFSET, NO_CAP
 from sglang_marconi.policy.ghost import GhostIndex
 from sglang_marconi.policy.likelihood import EndStateUsefulness, ReuseWeight
 from sglang_marconi.policy.ranking import LinkedTree, freed_bytes, ranked_efficiency
 from sglang_marconi.policy.scoring import VictimQueue
+from sglang_marconi.policy.snapshot_admission import SnapshotAdmission, SnapshotPlan, new_plan
 from sglang_marconi.policy.stock import StockSGLangCache, _Node
 
 
@@ -94,21 +93,7 @@ class _Tree(LinkedTree):
 TREE = _Tree()
 
 
-@dataclass
-class _Plan:
-    """One request's admission state (``admission_plans.RequestAdmission``)."""
-    hit: int
-    branch: int
-    chunk_budget: int
-    ghost: object  # the ghost index's answer (``ghost.GhostAnswer``), None without one
-    published: int = 0
-    counted: bool = False
-    end: int = 0
-    end_offered: int = 0
-    end_admitted: bool = False
-
-
-class MarconiSGLangCache(StockSGLangCache):
+class MarconiSGLangCache(SnapshotAdmission, StockSGLangCache):
     """marconi (fixed ``alpha``) or marconi+ (``reuse_weight`` given) inside SGLang's
     unified buffer of ``capacity_bytes`` (see the module doc). ``grids``: SGLang's chunk,
     page and decode-track grids; ``tracking_slots``: 2 under the overlap scheduler (``ab``'s
@@ -139,7 +124,7 @@ class MarconiSGLangCache(StockSGLangCache):
         # the persistent queues' live entries, in their insertion order
         self._leaves_live: dict = {}
         self._states_live: dict = {}
-        self._plan: _Plan | None = None
+        self._plan: SnapshotPlan | None = None
         self._input_len = 0
         self._lru = self.mode == "marconi" and self.alpha == 0.0  # the plugin runs SGLang's
 
@@ -302,60 +287,24 @@ class MarconiSGLangCache(StockSGLangCache):
             ghost_branch = answer.branch // self.grid * self.grid
             if ghost_branch > max(branch, hit):
                 branch = ghost_branch
-        planned = branch_checkpoint(n, hit, branch or None, self.grid, self.max_states)
-        reserved = (1 if planned else 0) + 1  # the branch point and the final state
-        self._plan = _Plan(hit, planned, max(0, self.max_states - reserved), answer)
+        self._plan = new_plan(n, hit, branch or None, self.grid, self.max_states, ghost=answer)
         self._input_len = n
         return branch
 
-    @property
-    def capped(self) -> bool:
-        return self.max_states != NO_CAP
-
     def _admit(self, snapshot: int, kind: str) -> bool:
-        plan = self._plan
-        if plan.branch and snapshot == plan.branch:  # (never 0)
-            if kind == "final":
-                self._observe_end(snapshot)
-            else:
-                plan.published += 1
-            return True
-        if kind == "chunk":
-            if plan.chunk_budget > 0:
-                plan.chunk_budget -= 1
-                plan.published += 1
-                return True
-            return False
-        if kind == "final" and plan.end_offered and snapshot == plan.end_offered:
-            return plan.end_admitted
-        self._observe_end(snapshot)
-        plan.end_offered, plan.end_admitted = snapshot, False
-        if self.end_usefulness is not None and plan.end and not self.end_usefulness.admit():
-            self.stats.end_states_skipped += 1
-            return False
-        if self.capped and plan.published >= self.max_states:
-            return False
-        plan.published += 1
-        plan.end_admitted = True
-        return True
+        """The plugin's decision (``policy.snapshot_admission``) on the offer."""
+        if kind == "final":
+            return self.offer_final(self._plan, snapshot, self._input_len)
+        return self.offer_intermediate(self._plan, snapshot, kind == "prefill_end",
+                                       self._input_len)
 
-    def _observe_end(self, position: int) -> None:
-        """marconi+: the request counts once in the end-state reuse rate."""
-        plan = self._plan
-        if self.ghost is None or plan.counted:
-            return
-        plan.counted = True
-        end = position
-        if plan.branch and position == plan.branch:
-            end = self._input_len // self.grid * self.grid
-        plan.end = end if end > plan.hit else 0
-        if self.end_usefulness is not None:
-            self.end_usefulness.observe_request(plan.ghost is not None and bool(plan.ghost.end),
-                                                bool(plan.end))
-        if self.reuse is not None:
-            # the learned chain weight: the walk weighs every candidate afresh, and a re-key
-            # keeps a state's aging base (its recency is unchanged), so a move needs nothing
-            self.reuse.observe_request(plan.ghost)
+    def snapshot_rejected(self) -> None:
+        """The simulator's statistics count no refused snapshot (the plugin's do)."""
+
+    def chain_weight_moved(self) -> None:
+        """The learned chain weight moved: nothing to do here. The walk weighs every
+        candidate afresh, and a re-key keeps a state's aging base (its recency is
+        unchanged)."""
 
     def _finished(self, full: np.ndarray, hit_node) -> None:
         plan, self._plan = self._plan, None

@@ -50,11 +50,12 @@ from __future__ import annotations
 
 import logging
 from sglang_marconi.policy import defaults
-from sglang_marconi.policy.defaults import PAPER_MAX_STATES_PER_REQUEST
+from sglang_marconi.policy.defaults import NO_CAP, PAPER_MAX_STATES_PER_REQUEST
+from sglang_marconi.policy.snapshot_admission import SnapshotPlan
 from sglang_marconi.policy.mirror import state_pool_image
 from sglang_marconi.policy.host_tier import HostLink, host_efficiency, host_link_preset
 from sglang_marconi.policy.ranking import ranked_efficiency
-from sglang_marconi.sglang_integration.admission_plans import NO_CAP, AdmissionPlans, RequestAdmission
+from sglang_marconi.sglang_integration.admission_plans import AdmissionPlans
 from sglang_marconi.sglang_integration.components import MAMBA as SGLANG_MAMBA
 from sglang_marconi.sglang_integration.components import SGLANG_TREE, TIER_TREE, has_state
 from sglang_marconi.sglang_integration.options import MarconiSettings
@@ -166,7 +167,7 @@ class MarconiPolicyState(AdmissionPlans):
             st.online_switches += 1
             self._set_alpha(new_alpha)
 
-    def _observe_ghost(self, req, adm: RequestAdmission) -> None:
+    def _observe_ghost(self, req, adm: SnapshotPlan) -> None:
         """marconi+: remember the finished sequence and where its end state would be (the
         reuse rate is counted in ``admit_final``)."""
         _, full = self._finished_tokens(req)
