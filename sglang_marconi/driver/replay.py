@@ -36,6 +36,12 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
+from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH, Req, ScheduleBatch
+from sglang.srt.mem_cache.allocation import alloc_for_decode_default, alloc_for_extend
+from sglang.srt.mem_cache.common import (checkpoint_kv_cache, evict_from_tree_cache,
+                                         release_kv_cache)
+from sglang.srt.runtime_context import get_exec, mamba_checkpoint_grid, mamba_track_grid
+from sglang.srt.sampling.sampling_params import SamplingParams
 
 from sglang_marconi.driver import host_tier
 
@@ -148,12 +154,6 @@ class Replayer:
         True makes the call (serve-sim's scheduler runs SGLang's own code, so it always
         does); False keeps the figures measured before (and the simulator's image of
         SGLang, ``policy.stock``, which models the page-boundary eviction)."""
-        from sglang.srt.runtime_context import (
-            get_exec,
-            mamba_checkpoint_grid,
-            mamba_track_grid,
-        )
-
         self.cache = tree_cache
         self.chunk = chunked_prefill_size
         self.mamba_chunk_size = mamba_chunk_size
@@ -188,9 +188,6 @@ class Replayer:
         return req.prefix_len + n
 
     def _extend(self, req, input_len: int):
-        from sglang.srt.managers.schedule_batch import ScheduleBatch
-        from sglang.srt.mem_cache.allocation import alloc_for_extend
-
         req.extend_end = self._next_chunk_end(req, input_len)
         batch = ReplayBatch(self.cache, req, self.mamba_chunk_size)
         batch.set_seq_lens([req.extend_end])
@@ -225,9 +222,6 @@ class Replayer:
         ``alloc_for_decode_default`` (the step that can allocate a page and evict);
         inside a page the paged allocator only hands out ``last_loc + 1``, which is
         written directly (the same row write and length bumps, 60x fewer torch calls)."""
-        from sglang.srt.mem_cache.allocation import alloc_for_decode_default
-        from sglang.srt.mem_cache.common import evict_from_tree_cache
-
         seq_len = req.kv.kv_committed_len
         if seq_len % self.cache.page_size == 0:
             batch = ReplayBatch(self.cache, req, self.mamba_chunk_size)
@@ -260,10 +254,6 @@ class Replayer:
         returns the ``RequestOutcome`` (the release, which inserts the whole sequence,
         is the generator's last step). The alpha tuner's shadow replay runs a bounded
         number of tokens per cache call."""
-        from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH, Req
-        from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
-        from sglang.srt.sampling.sampling_params import SamplingParams
-
         seconds = 0.0
         t0 = time.perf_counter()
         input_len = len(rr.input_ids)
@@ -339,8 +329,6 @@ def sampling_params(rr: ReplayRequest, out: Sequence[int]):
     """The request's normalized ``SamplingParams``: ``max_new_tokens`` = its output length,
     or with ``finish_by_stop`` a stop token (its last output id, which must not occur
     earlier in the output) and room for ``STOP_HEADROOM`` more tokens."""
-    from sglang.srt.sampling.sampling_params import SamplingParams
-
     if not rr.finish_by_stop:
         params = SamplingParams(temperature=0, max_new_tokens=len(out))
     else:

@@ -34,10 +34,17 @@ from array import array
 from pathlib import Path
 
 import numpy as np
+from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+from sglang.srt.mem_cache.radix_cache import RadixKey
+from sglang.srt.mem_cache.unified_cache.components import base as clock
 
+from sglang_marconi.driver.pools import PoolConfig
+from sglang_marconi.driver.replay import Replayer, ReplayRequest
+from sglang_marconi.harness.ab import ABConfig, instrument, make_cache, to_replay_requests
 from sglang_marconi.harness.timing import CallTimer, EvictTimer, quantile
 from sglang_marconi.model import preset_spec
 from sglang_marconi.policy.cache import PrefixCache
+from sglang_marconi.sglang_integration.options import MarconiSettings
 from sglang_marconi.sim.traces import read_trace
 
 REPLAY_CACHES = ("stock", "stock-python", "marconi")
@@ -53,8 +60,6 @@ def _base(name: str) -> str:
 
 
 def _settings(name: str, alpha: float):
-    from sglang_marconi.sglang_integration.options import MarconiSettings
-
     if name == "marconi+":
         return MarconiSettings(alpha=0.0, plus=True)
     if name in ("marconi-auto", "marconi-online"):
@@ -70,8 +75,6 @@ def _node_count(cache):
 
 # -- 1. replay ---------------------------------------------------------------------------
 def load_requests(trace: Path, limit):
-    from sglang_marconi.harness.ab import to_replay_requests
-
     return to_replay_requests(read_trace(trace), limit)
 
 
@@ -79,9 +82,6 @@ def replay_config(requests, model: str = "qwen3_next", kv_tokens: int = 1_500_00
                   mamba_slots: int = 200, page_size: int = 64, chunk: int = 8192,
                   track_interval: int = 256, alpha: float = 1.0):
     """The CPU A/B's configuration (docs/sglang.md) for these requests."""
-    from sglang_marconi.driver.pools import PoolConfig
-    from sglang_marconi.harness.ab import ABConfig
-
     longest = max(len(r.input_ids) + max(1, r.output_len) for r in requests)
     pools = PoolConfig(kv_tokens=max(kv_tokens, longest + 2 * page_size),
                        mamba_slots=mamba_slots, page_size=page_size,
@@ -95,11 +95,6 @@ def replay_timing(requests, cfg, names=REPLAY_CACHES, alpha: float = 1.0,
                   progress: bool = False) -> dict:
     """Every cache of ``names`` built up front, the requests interleaved across them.
     Returns {name: column}."""
-    from sglang.srt.mem_cache.unified_cache.components import base as clock
-
-    from sglang_marconi.driver.replay import Replayer
-    from sglang_marconi.harness.ab import instrument, make_cache
-
     runs = []
     for name in names:
         c = dataclasses.replace(cfg, settings=_settings(name, alpha))
@@ -182,9 +177,6 @@ def ratios(timing: dict, name: str = "marconi") -> dict:
 def replay_memory(requests, cfg, names=REPLAY_CACHES, alpha: float = 1.0) -> dict:
     """A separate, untimed pass per cache under tracemalloc: {name: {peak_mib, end_mib}},
     Python allocations from just before the cache is built (requests already loaded)."""
-    from sglang_marconi.driver.replay import Replayer
-    from sglang_marconi.harness.ab import make_cache
-
     out = {}
     for name in names:
         gc.collect()
@@ -215,13 +207,6 @@ def scale_point(name: str, nodes: int, scenario: str, spec, alpha: float = 1.0,
     """A tree of ``nodes`` distinct 128-token sequences (a state at the end of each) in
     ``name``; pools full in ``scenario`` ("state" or "kv"); then short distinct requests,
     each of which evicts. Returns per-request and per-eviction times."""
-    from sglang.srt.mem_cache.base_prefix_cache import InsertParams
-    from sglang.srt.mem_cache.radix_cache import RadixKey
-
-    from sglang_marconi.driver.pools import PoolConfig
-    from sglang_marconi.driver.replay import Replayer, ReplayRequest
-    from sglang_marconi.harness.ab import ABConfig, make_cache
-
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r}")
     page = 64
