@@ -4,8 +4,10 @@ load); the first token of a request that loaded waits for its load), the run's `
 section, both tiers' invariants after the run (no leaked host slot, no lock, every cached
 token's KV right on each tier), the L3 file store, and the CLI's flags and one-line
 errors."""
+import importlib.util
 import json
 from array import array
+from pathlib import Path
 
 import pytest
 
@@ -167,7 +169,15 @@ BASE = ("--model", "qwen3_next", "--cache-gb", "0.6", "--page-size", "16",
         "--chunked-prefill-size", "1024", "--no-progress", "--bookkeeping", "off")
 
 
-def test_cli_host_flags_section_and_table(tmp_path):
+def _table_script():
+    spec = importlib.util.spec_from_file_location(
+        "serve_sim_table", Path(__file__).resolve().parents[1] / "scripts" / "serve_sim_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cli_host_flags_section_and_table(tmp_path, capsys):
     trace = _trace(tmp_path)
     out = json.loads(_cli("--trace", trace, *BASE, "--caches", "stock,marconi+",
                           "--hicache-ratio", "3", "--pcie-gb-s", "32", "--json"))
@@ -180,6 +190,13 @@ def test_cli_host_flags_section_and_table(tmp_path):
         assert {"hit_tokens", "bytes_loaded", "load_s_total", "load_exposed_s_total",
                 "kv_tokens_evicted", "device_kv_tokens_evicted"} <= set(run["host"])
         assert run["host"]["bytes_backed_up"] > 0  # write_through backs every insert up
+    saved = tmp_path / "runs.json"  # scripts/serve_sim_table.py: the table from the JSON
+    saved.write_text(json.dumps(out))
+    table = _table_script().main([str(saved)])
+    assert table == 0 and "host hit" in capsys.readouterr().out.splitlines()[0]
+    line = _table_script().against_stock(out["runs"])[0]
+    ratio = out["runs"][1]["ttft_p95_s"] / out["runs"][0]["ttft_p95_s"]
+    assert line.startswith("marconi+@") and f"= {ratio:.3f}x;" in line and "host hit" in line
     text = _cli("--trace", trace, *BASE, "--caches", "stock", "--hicache-size", "2",
                 "--hicache-write-policy", "write_back", "--load", "0.8")
     assert "host hit" in text.splitlines()[1] and "load exposed s" in text
