@@ -201,6 +201,10 @@ def test_cli_host_flags_section_and_table(tmp_path, capsys):
     line = _table_script().against_stock(out["runs"])[0]
     ratio = out["runs"][1]["ttft_p95_s"] / out["runs"][0]["ttft_p95_s"]
     assert line.startswith("marconi+@") and f"= {ratio:.3f}x;" in line and "host hit" in line
+    assert _table_script().main([str(saved), str(saved)]) == 0  # several files: brief
+    brief = capsys.readouterr().out.splitlines()
+    assert len(brief) == 4 and brief[0].startswith("qwen3_next, static 0.6 GB, host 3x "
+                                                   "write_through, h200 PCIe 32 GB/s")
     text = _cli("--trace", trace, *BASE, "--caches", "stock", "--hicache-size", "2",
                 "--hicache-write-policy", "write_back", "--load", "0.8")
     assert "host hit" in text.splitlines()[1] and "load exposed s" in text
