@@ -4,6 +4,7 @@ with arrival times, through SGLang's own scheduler code on CPU, on a virtual GPU
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import re
@@ -15,6 +16,8 @@ from sglang_marconi.cli.ab import _positive
 from sglang_marconi.cli.ab import _settings as settings_from_args
 from sglang_marconi.cli.ab import add_marconi_arguments
 from sglang_marconi.cli.common import run_with_sglang
+from sglang_marconi.cli.host_flags import host_enabled, host_summary, resolve_host
+from sglang_marconi.cli.pool_flags import _positive_float
 from sglang_marconi.driver.sizing import size_pools
 from sglang_marconi.errors import UserError
 from sglang_marconi.model import resolve_model
@@ -38,6 +41,10 @@ COLUMNS = (  # (header, key, format)
     ("aborted", "aborted", "{}"), ("bk ms p99", "bookkeeping_ms_per_step_p99", "{:.2f}"),
     ("bk ms max", "bookkeeping_ms_per_step_max", "{:.1f}"), ("gc max s", "gc_pause_s_max", "{:.3f}"),
     ("wall s", "wall_s", "{:.0f}"),
+)
+HOST_COLUMNS = (  # with a host tier (--hicache-*): from the run's "host" section
+    ("host hit", "host_hit_tokens", "{:,}"), ("load s", "load_s_total", "{:.2f}"),
+    ("load exposed s", "load_exposed_s_total", "{:.2f}"),
 )
 
 
@@ -99,6 +106,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--hbm-efficiency", type=float,
                    help="fraction of bandwidth a decode step reaches (0.7)")
     g.add_argument("--step-overhead-ms", type=float, help="fixed cost per step (2 ms)")
+    g.add_argument("--pcie-gb-s", type=_positive_float, metavar="GB/S",
+                   help="host -> device bandwidth of HiCache's load-backs, GB/s (the "
+                        "preset's: one direction of the datasheet's PCIe figure, e.g. 64 for "
+                        "the h200; model/gpus.py)")
     p = parser.add_argument_group("pools and scheduler (SGLang's flags)")
     p.add_argument("--cache-gb", type=float, default=100.0,
                    help="GPU memory left for KV + states (SGLang's rest memory)")
@@ -191,9 +202,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def format_table(runs: list, columns=COLUMNS) -> str:
+    if any("host" in r for r in runs):
+        columns = columns + HOST_COLUMNS
     rows = [[h for h, _, _ in columns]]
     for r in runs:
-        rows.append([fmt.format(r.get(key)) if r.get(key) is not None else "-"
+        host = r.get("host", {})
+        row = {**r, **{key: host[key] for _, key, _ in HOST_COLUMNS if key in host}}
+        rows.append([fmt.format(row.get(key)) if row.get(key) is not None else "-"
                      for _, key, fmt in columns])
     widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows)
@@ -228,7 +243,8 @@ def build_setup(args):
                  hbm_bytes_s=args.hbm_tbs and args.hbm_tbs * 1e12, mfu=args.mfu,
                  hbm_efficiency=args.hbm_efficiency,
                  step_overhead_s=None if args.step_overhead_ms is None
-                 else args.step_overhead_ms / 1e3)
+                 else args.step_overhead_ms / 1e3,
+                 pcie_bytes_s=args.pcie_gb_s and args.pcie_gb_s * 1e9)
     longest = max(len(r.input_ids) + max(1, r.output_len) for r in requests)
     pools = pool_config(sizes, longest + 2 * args.page_size, args.chunked_prefill_size,
                         args.mamba_track_interval, overlap=not args.disable_overlap_schedule)
@@ -245,10 +261,13 @@ def build_setup(args):
         from sglang_marconi.driver.unified_pools import UnifiedConfig
 
         unified = UnifiedConfig.from_sizes(sizes)
+    pools = dataclasses.replace(pools, **resolve_host(args, spec, sizes.kv_tokens,
+                                                      sizes.mamba_slots, unified))
     setup = ServeSetup(spec=spec, time_model=GpuTimeModel(spec, gpu), pools=pools,
                        sched=sched, settings=settings_from_args(args),
                        timestamps=[r.timestamp for r in trace.requests], seed=args.seed,
-                       unified=unified, poisson=args.arrivals == "poisson")
+                       unified=unified, poisson=args.arrivals == "poisson",
+                       l3=args.hicache_storage_backend == "file")
     return requests, setup, sizes
 
 
@@ -275,6 +294,9 @@ def _run(args) -> int:
     if routers is not None and args.clients is not None:
         raise UserError("--clients (a closed loop of one server) does not combine with "
                         "--replicas / --router")
+    if routers is not None and host_enabled(args):
+        raise UserError("--hicache-*: the host tier is built for one server; it does not "
+                        "combine with --replicas / --router / --dp-size yet")
     if routers is not None and args.plot:
         raise UserError("--plot draws single-server runs; it does not combine with "
                         "--replicas / --router")
@@ -287,7 +309,8 @@ def _run(args) -> int:
               "gpu": setup.time_model.gpu.as_dict(), "pools": sizes.as_dict(),
               "schedule_policy": args.schedule_policy, "bookkeeping": args.bookkeeping,
               "clients": args.clients, "arrivals": args.arrivals, "seed": args.seed,
-              "loop": "normal" if args.disable_overlap_schedule else "overlap"}
+              "loop": "normal" if args.disable_overlap_schedule else "overlap",
+              **host_summary(args, setup.spec, setup.pools)}
     if routers is not None:
         return _run_cluster(args, requests, setup, sizes, caches, loads, routers, options,
                             config)

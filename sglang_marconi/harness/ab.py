@@ -198,21 +198,32 @@ def make_cache(name: str, cfg: ABConfig):
     return build_cache(cfg.pools, cache_class=cache_class, tree_core=core)
 
 
+def open_cache(name: str, cfg: ABConfig, stack: contextlib.ExitStack, build=None):
+    """``build(name, cfg)`` (default ``make_cache``); with ``cfg.l3`` its L3 file store in a
+    temporary directory, whose storage threads stop and which is removed when ``stack``
+    closes."""
+    if cfg.l3:
+        store = stack.enter_context(tempfile.TemporaryDirectory(prefix="ab-l3-"))
+        cfg = dataclasses.replace(cfg, pools=dataclasses.replace(
+            cfg.pools, hicache_storage_dir=store))
+    built = (build or make_cache)(name, cfg)
+    if cfg.l3:
+        stack.callback(built[0].cache_controller._stop_storage_threads)
+    return built
+
+
 def run_one(name: str, requests: list, cfg: ABConfig,
             progress: Optional[Callable] = None, per_request: bool = False) -> dict:
     """Replay ``requests`` through a fresh cache ``name``; returns its column of numbers."""
     with contextlib.ExitStack() as stack:
-        if cfg.l3:
-            store = stack.enter_context(tempfile.TemporaryDirectory(prefix="ab-l3-"))
-            cfg = dataclasses.replace(cfg, pools=dataclasses.replace(
-                cfg.pools, hicache_storage_dir=store))
-        return _run_one(name, requests, cfg, progress, per_request, stack)
+        cache, _, _ = open_cache(name, cfg, stack)
+        result = _run_one(name, cache, requests, cfg, progress, per_request)
+        del cache
+        gc.collect()
+        return result
 
 
-def _run_one(name, requests, cfg, progress, per_request, stack) -> dict:
-    cache, _, _ = make_cache(name, cfg)
-    if cfg.l3:
-        stack.callback(cache.cache_controller._stop_storage_threads)
+def _run_one(name, cache, requests, cfg, progress, per_request) -> dict:
     counters = instrument(cache)
     host = instrument_host(cache)
     host_hits = fetched = 0
@@ -284,8 +295,6 @@ def _run_one(name, requests, cfg, progress, per_request, stack) -> dict:
         result["host"] = host_section(host, spec, host_hits, host_flops, fetched)
     if hasattr(cache, "marconi"):
         result["marconi"] = cache.marconi.stats.as_dict()
-    del cache, replayer
-    gc.collect()
     return result
 
 

@@ -41,10 +41,13 @@ def kv_stamp(tokens, positions):
 
 class TokenKV:
     """``Replayer.on_kv``: writes the stamp of each new position into its KV slot, every
-    layer (the forward pass's KV writes)."""
+    layer (the forward pass's KV writes). ``sequences`` (rid -> prompt + every output
+    token): where a position's token is not yet in ``req.output_ids`` when its KV is
+    written (the overlap loop launches a decode before the previous token is appended)."""
 
-    def __init__(self, cache):
+    def __init__(self, cache, sequences=None):
         self.cache = cache
+        self.sequences = sequences
         self.kv_host, _ = host_pools(cache)
 
     def __call__(self, req, start: int, end: int) -> None:
@@ -52,7 +55,9 @@ class TokenKV:
             return
         row = self.cache.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
         slots = row[start:end].long()
-        ids = (req.origin_input_ids + req.output_ids)[start:end]
+        tokens = (self.sequences[req.rid] if self.sequences is not None
+                  else req.origin_input_ids + req.output_ids)
+        ids = tokens[start:end]
         stamp = kv_stamp(torch.tensor(ids, dtype=torch.int64), torch.arange(start, end))
         for k, v in zip(self.kv_host.device_k_buffers, self.kv_host.device_v_buffers):
             k[slots] = stamp.to(k.dtype).view(-1, *[1] * (k.dim() - 1)).expand(-1, *k.shape[1:])

@@ -21,7 +21,10 @@ import time
 from sglang_marconi.harness.timing import GCPauses
 
 ENTRY_POINTS = ("match_prefix", "checkpoint", "evict", "insert", "inc_lock_ref",
-                "dec_lock_ref", "lock", "unlock", "free_kv_row", "on_release")
+                "dec_lock_ref", "lock", "unlock", "free_kv_row", "on_release",
+                # the scheduler's HiCache calls (called only with a host tier)
+                "init_load_back", "ready_to_load_host_cache", "check_hicache_events",
+                "prefetch_from_storage", "check_prefetch_progress")
 
 
 class CacheTimer:

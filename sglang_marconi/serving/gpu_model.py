@@ -9,7 +9,11 @@
   / 2, times the dtype's bytes) + the KV of every running sequence + every request's SSM
   state read and written; flops = 2 * active parameters per token + attention over the
   context;
-- every step adds ``step_overhead_s`` (scheduling, launch, sampling).
+- every step adds ``step_overhead_s`` (scheduling, launch, sampling);
+- with a host tier (HiCache) an extend step that loads prefixes back from host takes
+  max(forward, bytes loaded / ``pcie_bytes_s``): SGLang copies them layer by layer on its
+  own stream while the forward runs, each layer waiting only for its own layer's copy
+  (docs/serving.md, "Host tier").
 
 Presets: ``model.gpus`` (datasheet peaks and bandwidths, assumed efficiencies). MoE models: the
 weights read per decode step are the *active* parameters (a lower bound when a large batch
@@ -43,8 +47,15 @@ class GpuTimeModel:
         """FLOPs of computing tokens [start, end) over a cached context of ``start``."""
         return self.spec.prefill_flops(end) - self.spec.prefill_flops(start)
 
-    def prefill_seconds(self, flops: float) -> float:
-        return flops / self.prefill_flops_s + self.gpu.step_overhead_s
+    def prefill_seconds(self, flops: float, load_s: float = 0.0) -> float:
+        """An extend step; ``load_s``: its host -> device load-back (HiCache), which runs
+        beside the forward, layer by layer (docs/serving.md, "Host tier"): the step takes
+        the longer of the two."""
+        return max(flops / self.prefill_flops_s, load_s) + self.gpu.step_overhead_s
+
+    def load_seconds(self, nbytes: float) -> float:
+        """A host -> device copy of ``nbytes`` over the host link (``pcie_bytes_s``)."""
+        return nbytes / self.gpu.pcie_bytes_s
 
     def decode_seconds(self, seq_lens_sum: int, batch_size: int) -> float:
         if batch_size == 0:

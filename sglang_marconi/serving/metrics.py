@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sglang_marconi.harness.ab import host_section
 from sglang_marconi.harness.timing import quantile
 
 OVERLOAD_GROWTH = 0.1
@@ -120,7 +121,36 @@ def summarize(sched, spec, cache: str, load, wall_s: float) -> dict:
         "steps": len(steps),
         "makespan_s": sched.now,
         "wall_s": wall_s,
+        **host_stats(sched, spec),
     }
+
+
+def host_stats(sched, spec) -> dict:
+    """With a host tier: ``host_hit_tokens`` and the ``host`` section, ``ab``'s (hits
+    loaded back and the FLOPs they saved beyond the device hit, tokens and states loaded
+    and backed up, bytes, host evictions, L3 tokens fetched) plus the clock's share
+    (``load_s_total``: load-back seconds of every extend step; ``load_exposed_s_total``:
+    the part longer than the step's forward, what the load added to the clock), the
+    device's evictions, and the TTFT of the requests that loaded from host. {} without."""
+    if sched.host is None:
+        return {}
+    recs = [r for r in sched.records.values() if r.hit_len is not None]
+    hits = [r for r in recs if r.host_hit_len]
+    flops = sum(spec.flops_saved(r.hit_len, r.hit_len - r.host_hit_len) for r in hits)
+    host = host_section(sched.host, spec, sum(r.host_hit_len for r in hits), flops,
+                        sum(r.storage_hit_len for r in sched.records.values()))
+    loads = [s for s in sched.steps if s.load_s > 0]
+    ttft = [r.first_token - r.arrival for r in hits if r.first_token is not None]
+    host.update(
+        requests_with_host_hits=len(hits),
+        steps_with_loads=len(loads),
+        load_s_total=sum(s.load_s for s in loads),
+        load_exposed_s_total=sum(s.load_exposed_s for s in loads),
+        device_kv_tokens_evicted=sched.device.kv_tokens_evicted,
+        device_states_evicted=sched.device.states_evicted,
+        ttft_host_hit_p50_s=quantile(ttft, 0.50),
+        ttft_host_hit_p95_s=quantile(ttft, 0.95))
+    return {"host_hit_tokens": host["hit_tokens"], "host": host}
 
 
 def ttfts(sched) -> list:

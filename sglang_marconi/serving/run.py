@@ -2,10 +2,12 @@
 
 Pools come from ``driver.sizing.size_pools`` (SGLang's rules for a ``--cache-gb`` budget);
 each cache is built by ``harness.ab.make_cache`` (the A/B's caches: same classes, same
-settings), so a serving run and an ``ab`` column differ only in the scheduler around them.
+settings, the same host tier when ``PoolConfig.hicache_*`` asks for one), so a serving run
+and an ``ab`` column differ only in the scheduler around them.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
 from dataclasses import dataclass, field
@@ -14,7 +16,7 @@ from typing import Callable, Optional
 from tqdm import tqdm
 
 from sglang_marconi.driver.pools import PoolConfig
-from sglang_marconi.harness.ab import ABConfig, make_cache
+from sglang_marconi.harness.ab import ABConfig, make_cache, open_cache
 from sglang_marconi.serving.arrivals import arrivals_for_load, arrivals_scaled, decode_batch
 from sglang_marconi.serving.cluster import run_cluster
 from sglang_marconi.serving.metrics import summarize, ttfts
@@ -32,6 +34,7 @@ class ServeSetup:
     seed: int = 0
     unified: object = None            # driver.unified_pools.UnifiedConfig (--memory unified)
     poisson: bool = False             # --arrivals poisson: seeded Poisson, the trace's order
+    l3: bool = False                  # host tier: an L3 file store per run (temporary)
 
 
 def pool_config(sizes, max_context_len: int, chunked_prefill_size: int = 8192,
@@ -64,15 +67,17 @@ def run_serving(name: str, requests, setup: ServeSetup, load=None, rate_scale=No
                 progress: Optional[Callable] = None, after_step=None, on_launch=None):
     """One run; returns (summary dict, the scheduler with its records). ``after_step`` and
     ``on_launch``: ``ServingScheduler``'s hooks (tests)."""
-    cache, _, _ = make_cache(name, ABConfig(pools=setup.pools, spec=setup.spec,
-                                            settings=setup.settings, unified=setup.unified))
-    times = arrivals(setup, requests, load, rate_scale)
-    sched = ServingScheduler(cache, setup.time_model, setup.sched, requests, times,
-                             after_step=after_step, on_launch=on_launch)
-    t0 = time.perf_counter()
-    sched.run(progress)
-    summary = summarize(sched, setup.spec, name,
-                        load if rate_scale is None else None, time.perf_counter() - t0)
+    cfg = ABConfig(pools=setup.pools, spec=setup.spec, settings=setup.settings,
+                   unified=setup.unified, l3=setup.l3)
+    with contextlib.ExitStack() as stack:  # the L3 store lives for the run
+        cache, _, _ = open_cache(name, cfg, stack, build=make_cache)
+        times = arrivals(setup, requests, load, rate_scale)
+        sched = ServingScheduler(cache, setup.time_model, setup.sched, requests, times,
+                                 after_step=after_step, on_launch=on_launch)
+        t0 = time.perf_counter()
+        sched.run(progress)
+        wall = time.perf_counter() - t0
+    summary = summarize(sched, setup.spec, name, load if rate_scale is None else None, wall)
     if rate_scale is not None:
         summary["rate_scale"] = rate_scale
     else:

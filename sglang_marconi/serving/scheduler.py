@@ -43,8 +43,19 @@ What cannot run on CPU, and its replacement:
   are methods of the scheduler object (streaming, logprobs, metrics, grammar): the few
   lines that touch the cache are followed here (cited in ``_process_batch_result``),
   the decode-track ping-pong with its overlap lookahead in ``_track_decode_state``.
+With a host tier (``--enable-hierarchical-cache``: the cache built with SGLang's HiCache,
+``driver.pools``) the scheduler's HiCache calls are made where SGLang's scheduler makes them
+(``driver.host_tier``): ``check_hicache_events`` at the top of ``get_next_batch_to_run``
+(``_process_hicache_events``, 3878-3898), the load-back of a host hit inside SGLang's own
+``PrefillAdder.add_one_req`` (``init_load_back``, schedule_policy.py 1470-1571: nothing to
+add here), ``ready_to_load_host_cache`` before ``prepare_for_extend`` (4352-4355), and with
+an L3 store the prefetch on arrival (``_prefetch_kvcache``, 3342-3392), waited for there (the
+L3 read is not on the clock: ``wait_complete`` holds the request until it is done, and this
+CPU build has no storage bandwidth to charge). The batch's load-back bytes go on the clock
+(``GpuTimeModel.prefill_seconds``: max(forward, load)).
+
 Disabled features (SGLang's defaults here): mixed chunk, priority scheduling, LoRA,
-HiCache, speculative decoding, DP attention, PD disaggregation; the consecutive-prefill
+speculative decoding, DP attention, PD disaggregation; the consecutive-prefill
 overlap switch (``SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP``) is off, as by default.
 """
 from __future__ import annotations
@@ -58,7 +69,9 @@ from unittest import mock
 
 import torch
 
+from sglang_marconi.driver import host_tier
 from sglang_marconi.driver.replay import _output_token, sampling_params
+from sglang_marconi.harness.ab import instrument, instrument_host
 from sglang_marconi.harness.timing import GCPauses
 from sglang_marconi.serving.clock import CacheTimer
 
@@ -93,6 +106,9 @@ class RequestRecord:
     retractions: int = 0
     ended: Optional[float] = None     # finished or aborted: the response is complete
     backlog: int = 0                  # requests in the server when it arrived, itself included
+    host_hit_len: int = 0             # of hit_len, tokens loaded back from the host tier
+    host_load_s: float = 0.0          # the load-back of its first prefill batch, on the clock
+    storage_hit_len: int = 0          # tokens the L3 prefetch brought to host on arrival
 
 
 @dataclass
@@ -107,6 +123,9 @@ class StepRecord:
     state_slots_tree: int  # of which the tree holds
     exposed_cpu_s: float = 0.0  # CPU time the GPU waited for before this step's forward
     gpu_start: float = 0.0      # when its forward starts on the clock
+    load_bytes: float = 0.0     # host -> device load-back of this batch (HiCache)
+    load_s: float = 0.0         # its time over the host link (inside gpu_s: max with forward)
+    load_exposed_s: float = 0.0  # of which longer than the forward: what it added to gpu_s
 
 
 class ServingScheduler:
@@ -129,6 +148,12 @@ class ServingScheduler:
         self.model_config = types.SimpleNamespace(
             is_encoder_decoder=False, vocab_size=1 << 62,
             hf_text_config=types.SimpleNamespace(mamba_chunk_size=cfg.mamba_chunk_size))
+        # with a host tier: what crossed between the tiers (the controller's loads and
+        # backups, host evictions) and what the device evicted
+        self.host = instrument_host(cache)
+        self.device = instrument(cache) if self.host is not None else None
+        self._loaded = (0, 0)          # host counters' (KV tokens, states) loaded so far
+        self._step_load = (0.0, 0.0, 0.0)  # (bytes, seconds, exposed) of the batch just run
         self.gc = GCPauses()  # the replay heap's collections, apart from the cache's time
         self.timer = CacheTimer(cache, cfg.measure_bookkeeping, self.gc,
                                 cpu=cfg.bookkeeping_cpu_time)
@@ -240,10 +265,12 @@ class ServingScheduler:
         used = self.mamba_allocator.size - self.mamba_allocator.available_size()
         kind = "idle" if batch is None else ("decode" if batch.forward_mode.is_decode()
                                              else "extend")
+        load = self._step_load
+        self._step_load = (0.0, 0.0, 0.0)
         self.steps.append(StepRecord(kind, start, gpu_s, cache_s,
                                      0 if batch is None else batch.batch_size(),
                                      self.rtp.size - self.rtp.available_size(), used, tree,
-                                     exposed, gpu_start))
+                                     exposed, gpu_start, *load))
         if self.after_step is not None:
             self.after_step(self)
 
@@ -266,6 +293,9 @@ class ServingScheduler:
                 if progress is not None and self.completed != reported:
                     progress(self.completed - reported)
                     reported = self.completed
+            # the idle server's next iterations: the last acks (and L3 backups) drained
+            host_tier.poll(self.cache)
+            host_tier.settle(self.cache)
 
     def _idle(self, ignore_waiting: bool = False) -> bool:
         return ((ignore_waiting or not self.waiting) and self.chunked_req is None
@@ -294,6 +324,7 @@ class ServingScheduler:
                 rec.ended = arrival
                 self.completed += 1
                 continue
+            rec.storage_hit_len = host_tier.prefetch(self.cache, req)  # 3324, 3342-3392
             self.waiting.append(req)                         # _add_request_to_queue
             self.live[rr.rid] = req
             if rr.abort_after_s is not None:
@@ -357,6 +388,10 @@ class ServingScheduler:
     # -- get_next_batch_to_run (scheduler.py:3894-4012) ----------------------------------
     def _get_next_batch_to_run(self):
         self._process_pending_chunked_abort()                # 3897
+        host_tier.poll(self.cache)                           # 3898: _process_hicache_events
+        # L3 backups are waited for here (not on the clock): a later arrival's prefetch then
+        # finds what earlier iterations stored, whatever the storage threads' timing
+        host_tier.settle(self.cache)
         exclude = []
         if self.chunked_req is not None:                     # 3911-3919
             exclude.append(self.chunked_req)
@@ -460,14 +495,21 @@ class ServingScheduler:
             self.chunked_req = adder.new_chunked_req
         if self.chunked_req is not None:
             self.chunked_req.inflight_middle_chunks += 1
+        load_bytes = self._load_bytes()  # PrefillAdder.add_one_req's init_load_back calls
+        load_s = self.tm.load_seconds(load_bytes)
         for req in can_run:
             rec = self.records[req.rid]
             if rec.admitted is None:
                 rec.admitted, rec.hit_len = self.now, req.prefix_len
+                rec.host_hit_len = req.host_loaded_length
+                rec.host_load_s = load_s if req.host_loaded_length else 0.0
         batch = ScheduleBatch.init_new(                      # 4335-4350
             can_run, self.rtp, self.allocator, self.cache, self.model_config, self.cfg.overlap,
             SpeculativeAlgorithm.NONE, chunked_req=self.chunked_req)
         batch.contains_last_prefill_chunk = self.chunked_req is None or len(can_run) != 1
+        if host_tier.enabled(self.cache):                    # 4352-4355
+            batch.hicache_consumer_index = self.cache.ready_to_load_host_cache()
+        batch.host_load_bytes = load_bytes
         batch.prepare_for_extend()
         batch.decoding_reqs = None                           # no mixed chunk (4411)
         return batch
@@ -514,11 +556,25 @@ class ServingScheduler:
         return batch
 
     # -- run_batch: the GPU time model ---------------------------------------------------
+    def _load_bytes(self) -> float:
+        """Bytes the controller queued host -> device since the last call (KV tokens and
+        states in the model's sizes, as ``ab``'s host section counts them)."""
+        if self.host is None:
+            return 0.0
+        now = (self.host.kv_tokens_loaded, self.host.states_loaded)
+        kv, states = now[0] - self._loaded[0], now[1] - self._loaded[1]
+        self._loaded = now
+        return kv * self.tm.kv_bytes_per_token + states * self.tm.state_bytes
+
     def _run_batch(self, batch) -> float:
         if batch.forward_mode.is_decode():
             return self.tm.decode_seconds(int(batch.seq_lens_cpu.sum()), batch.batch_size())
-        return self.tm.prefill_seconds(sum(self.tm.extend_flops(r.prefix_len, r.extend_end)
-                                           for r in batch.reqs))
+        flops = sum(self.tm.extend_flops(r.prefix_len, r.extend_end) for r in batch.reqs)
+        load_bytes = batch.host_load_bytes
+        load_s = self.tm.load_seconds(load_bytes)
+        self._step_load = (load_bytes, load_s,
+                           max(0.0, load_s - flops / self.tm.prefill_flops_s))
+        return self.tm.prefill_seconds(flops, load_s)
 
     # -- process_batch_result (scheduler.py:5074-5100) -----------------------------------
     def _process_batch_result(self, batch) -> None:
