@@ -49,12 +49,20 @@ while the ghost index is unchanged (``_ghost_lookup``), so their cost stays SGLa
 from __future__ import annotations
 
 import logging
+import time
+
+import numpy as np
+
 from sglang_marconi.policy import defaults
+from sglang_marconi.policy.alpha import AlphaTuner
 from sglang_marconi.policy.defaults import NO_CAP, PAPER_MAX_STATES_PER_REQUEST
-from sglang_marconi.policy.snapshot_admission import SnapshotPlan
-from sglang_marconi.policy.mirror import state_pool_image
+from sglang_marconi.policy.ghost import GhostIndex
 from sglang_marconi.policy.host_tier import HostLink, host_efficiency, host_link_preset
+from sglang_marconi.policy.likelihood import EndStateUsefulness, ReuseWeight
+from sglang_marconi.policy.mirror import state_pool_image
+from sglang_marconi.policy.online import OnlineAlpha
 from sglang_marconi.policy.ranking import ranked_efficiency
+from sglang_marconi.policy.snapshot_admission import SnapshotPlan
 from sglang_marconi.sglang_integration.admission_plans import AdmissionPlans
 from sglang_marconi.sglang_integration.components import MAMBA as SGLANG_MAMBA
 from sglang_marconi.sglang_integration.components import SGLANG_TREE, TIER_TREE, has_state
@@ -99,15 +107,12 @@ class MarconiPolicyState(AdmissionPlans):
         self.stats.alpha_mode = ("auto" if settings.auto_alpha else
                                  "online" if settings.online_alpha else "fixed")
         if settings.online_alpha:
-            from sglang_marconi.policy.online import OnlineAlpha
-
             self.online = OnlineAlpha(self.make_shadow, alphas=settings.online_alphas,
                                       window=settings.online_window,
                                       period=settings.online_period,
                                       sample=settings.online_sample)
             self.alpha = self.online.alpha
         if settings.auto_alpha:
-            from sglang_marconi.policy.alpha import AlphaTuner
             from sglang_marconi.sglang_integration.shadow import TUNING_GRID, ShadowReplay
 
             # the auto tuner replays the window through shadow caches of the live class
@@ -121,9 +126,6 @@ class MarconiPolicyState(AdmissionPlans):
                                     slice_cost=self.tune_slice_tokens)
         self.reuse = self.ghost = self.end_usefulness = None
         if settings.plus:
-            from sglang_marconi.policy.ghost import GhostIndex
-            from sglang_marconi.policy.likelihood import EndStateUsefulness, ReuseWeight
-
             self.stats.alpha_mode = "marconi+"  # settings.alpha is 0: no tuner, no shadows
             self.reuse = ReuseWeight()
             ghost_tokens = int(settings.ghost_factor * kv_tokens)
@@ -145,14 +147,10 @@ class MarconiPolicyState(AdmissionPlans):
     @staticmethod
     def _finished_tokens(req):
         """(prompt, the tokens whose KV exists at finish: prompt + output minus the last)."""
-        import numpy as np
-
         inp = np.asarray(req.origin_input_ids, dtype=np.int64)
         return inp, np.concatenate([inp, np.asarray(req.output_ids[:-1], dtype=np.int64)])
 
     def _observe_online(self, req) -> None:
-        import time
-
         t0 = time.perf_counter()
         inp, full = self._finished_tokens(req)
         new_alpha = self.online.observe(inp, full)

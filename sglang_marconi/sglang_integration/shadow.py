@@ -16,6 +16,7 @@ no single cache call carries more than one slice of the replay.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from array import array
@@ -55,8 +56,6 @@ class ShadowReplay:
         request's saving comes with its last step. The shadow cache is built at the first
         step. Each step runs single-threaded torch and restores the caller's thread count
         before yielding, so the live cache's calls between two steps are unaffected."""
-        import dataclasses
-
         import torch
 
         from sglang_marconi.driver.pools import PoolConfig, build_cache
