@@ -68,6 +68,11 @@ from typing import List, Optional
 from unittest import mock
 
 import torch
+from sglang.srt.managers.schedule_batch import FINISH_ABORT, Req, ScheduleBatch
+from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder, SchedulePolicy
+from sglang.srt.managers.scheduler_components.new_token_ratio_tracker import NewTokenRatioTracker
+from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 from sglang_marconi.driver import host_tier
 from sglang_marconi.driver.replay import _output_token, sampling_params
@@ -133,12 +138,6 @@ class ServingScheduler:
                  after_step=None, on_launch=None):
         """``after_step(scheduler)`` runs after every step, ``on_launch(batch)`` when a
         batch is launched (where the forward would run: tests write state markers)."""
-        from sglang.srt.managers.schedule_batch import ScheduleBatch
-        from sglang.srt.managers.schedule_policy import SchedulePolicy
-        from sglang.srt.managers.scheduler_components.new_token_ratio_tracker import (
-            NewTokenRatioTracker,
-        )
-
         self.cache, self.tm, self.cfg = cache, time_model, cfg
         self.allocator = cache.token_to_kv_pool_allocator
         self.rtp = cache.req_to_token_pool
@@ -303,8 +302,6 @@ class ServingScheduler:
                 and (self.last_batch is None or self.last_batch.is_empty()))
 
     def _ingest(self) -> None:
-        from sglang.srt.managers.schedule_batch import Req
-
         while self.pending and self.pending[-1][0] <= self.now:
             if self.cfg.clients is not None and self.in_flight >= self.cfg.clients:
                 break
@@ -347,8 +344,6 @@ class ServingScheduler:
                 self._abort_request(req)
 
     def _abort_request(self, req) -> None:
-        from sglang.srt.mem_cache.common import release_kv_cache
-
         if self.chunked_req is req:                          # 5676-5678
             self.pending_chunked_abort = req
             self.aborts_by_stage["chunked"] += 1
@@ -362,16 +357,12 @@ class ServingScheduler:
         inflight = [self.running, self.last_batch]           # collect_inflight_reqs 5657-5673
         if any(b is not None and any(r is req for r in b.reqs) for b in inflight):
             if not req.finished():                           # 5797-5811: method 3
-                from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
                 req.to_finish = FINISH_ABORT()
                 self.aborts_by_stage["running"] += self.chunked_req is not req
 
     def _process_pending_chunked_abort(self) -> None:
         """scheduler.py:3778-3822: the chunk already launched is drained by its result."""
-        from sglang.srt.mem_cache.common import release_kv_cache
-        from sglang.srt.managers.schedule_batch import FINISH_ABORT
-
         req, self.pending_chunked_abort = self.pending_chunked_abort, None
         if req is None:
             return
@@ -422,7 +413,6 @@ class ServingScheduler:
         return None
 
     def _stash_chunked_request(self, req) -> None:           # scheduler.py:3772-3776
-        from sglang.srt.mem_cache.common import checkpoint_kv_cache
 
         checkpoint_kv_cache(req, self.cache)
 
@@ -434,10 +424,6 @@ class ServingScheduler:
 
     # -- _get_new_batch_prefill_raw (scheduler.py:4079-4320) -----------------------------
     def _get_new_batch_prefill(self):
-        from sglang.srt.managers.schedule_batch import ScheduleBatch
-        from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
-        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
         running = self.running
         if running.is_empty():                               # 4093-4096
             running.batch_is_full = False
@@ -581,9 +567,6 @@ class ServingScheduler:
         """The cache's lines of ``process_batch_result_prefill`` (brp 281-450) and
         ``process_batch_result_decode`` (brp 952-1100) for a batch as it was launched (under
         overlap the queued ``batch.copy()``, processed one step later)."""
-        from sglang.srt.managers.schedule_batch import FINISH_ABORT
-        from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
-
         decode = batch.forward_mode.is_decode()
         for i, req in enumerate(batch.reqs):
             if decode:
