@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from sglang_marconi.model import preset_spec
-from sglang_marconi.policy.host_tier import (HostClock, HostLink, HostRanking, host_efficiency,
+from sglang_marconi.policy.host_tier import (HostClock, HostLink, HostRanking,
+                                             demoted_efficiency, host_efficiency,
                                              host_hit_value)
 from sglang_marconi.serving.gpu_model import PRESETS, host_link_preset
 
@@ -49,6 +50,21 @@ def test_load_costs_flops_at_the_link_rate():
     # a load slower than the recompute is worth nothing, never negative
     slow = HostLink(bytes_s=1.0, prefill_flops_s=445e12)
     assert host_hit_value(SPEC, slow, 4096, 1024, load) == 0.0
+
+
+def test_a_device_node_on_the_host_too_is_worth_the_load_its_demotion_costs():
+    freed = 3072 * SPEC.kv_bytes_per_token
+    full = SPEC.flops_saved(4096, 1024) / freed          # its device efficiency
+    load = LINK.load_flops(freed + SPEC.ssm_state_bytes) / freed
+    assert 0 < load < full                               # PCIe is cheaper than the prefill
+    assert demoted_efficiency(LINK, full, freed, SPEC.ssm_state_bytes) == pytest.approx(load)
+    # the reuse weight scales it as it scales the efficiency
+    assert demoted_efficiency(LINK, 3 * full, freed, SPEC.ssm_state_bytes, 3.0) == \
+        pytest.approx(3 * load)
+    # never above what the node saves (a link slower than the prefill), 0 stays 0
+    slow = HostLink(bytes_s=1.0, prefill_flops_s=445e12)
+    assert demoted_efficiency(slow, full, freed, SPEC.ssm_state_bytes) == full
+    assert demoted_efficiency(LINK, 0.0, freed, SPEC.ssm_state_bytes) == 0.0
 
 
 def test_efficiency_is_net_worth_per_host_byte_from_the_nearest_state_on_either_tier():

@@ -18,6 +18,14 @@ reuse weight when given. One rule, ``host_efficiency``; the host victims are ran
 A node with no state at its end on either tier is worth 0 (no hit can end there): it
 goes first.
 
+On the device (``demoted_efficiency``): a node whose KV is on the host tier too (written
+through, or backed up on its second insert under ``write_through_selective``) is only
+demoted by its eviction, and a later hit pays the load of its KV and state instead of the
+prefill; one that is not is dropped. The device ranks the first by that load (in FLOPs, per
+device byte it frees), the second by the FLOPs it saves: under ``write_through_selective``
+the device keeps what the host does not hold yet, long enough for its second insert to
+back it up.
+
 Both tiers' states count as checkpoints here (``TierTree``): a hit can end at a state on
 either tier, so the marginal FLOPs of a segment are measured from its nearest ancestor
 with a state on the device or the host.
@@ -54,6 +62,17 @@ def host_hit_value(spec: CostModel, link: HostLink, depth: int, ancestor_depth: 
     """FLOPs a hit ending at ``depth`` saves over one ending at ``ancestor_depth``, minus
     the load of ``load_bytes`` it needs first; never below 0."""
     return max(0.0, spec.flops_saved(depth, ancestor_depth) - link.load_flops(load_bytes))
+
+
+def demoted_efficiency(link: HostLink, efficiency: float, freed_bytes: float,
+                       state_bytes: float, weight: float = 1.0) -> float:
+    """The device worth per freed byte of a node whose KV is on the host tier too: the
+    smaller of its ``efficiency`` (FLOPs saved per byte, reuse-weighted) and the load a
+    hit pays once its eviction has demoted it (its KV and a state, in FLOPs forgone, per
+    byte), times ``weight`` (marconi+'s reuse weight)."""
+    if freed_bytes <= 0 or not efficiency:
+        return efficiency
+    return min(efficiency, link.load_flops(freed_bytes + state_bytes) / freed_bytes * weight)
 
 
 def host_efficiency(spec: CostModel, link: HostLink, tree: TreeAdapter, node, own_tokens: int,

@@ -436,6 +436,7 @@ class MarconiFullComponent(_ScoredQueue, FullComponent):
 
     def reset_queue(self) -> None:
         super().reset_queue()
+        self._backed_up_in_walk = []  # victims backed up while handed to the walk
         leaves = self.tree_core.evictable_device_leaves
         if not isinstance(leaves, _LeafSet):
             self.tree_core.evictable_device_leaves = _LeafSet(self, leaves)
@@ -503,6 +504,32 @@ class MarconiFullComponent(_ScoredQueue, FullComponent):
 
     def _evict_device_end(self) -> None:
         self._resume_handed()
+        backed_up, self._backed_up_in_walk = self._backed_up_in_walk, []
+        for node in backed_up:
+            self.track(node)
+
+    def evict_component(self, node, device_frees, host_frees, cache_actions,
+                        target=EvictLayer.DEVICE):
+        had = node.component_data[FULL].host_value is not None
+        out = super().evict_component(node, device_frees, host_frees, cache_actions,
+                                      target=target)
+        if (had and node.component_data[FULL].host_value is None
+                and self.cache.marconi.host_mode is not None):
+            self.track(node)  # its host copy is gone: its eviction would drop it now
+        return out
+
+    def commit_hicache_transfer(self, node, phase, transfers=(), *, cache_actions,
+                                insert_result=None, pool_storage_result=None):
+        super().commit_hicache_transfer(node, phase, transfers, cache_actions=cache_actions,
+                                        insert_result=insert_result,
+                                        pool_storage_result=pool_storage_result)
+        if phase == CacheTransferPhase.BACKUP_HOST and self.cache.marconi.host_mode is not None:
+            # on the host too now: its eviction only demotes it. A victim handed to the
+            # walk (write_back backs it up there) is re-keyed once it is resumed
+            if self.queue is not None and self.queue.is_suspended(node):
+                self._backed_up_in_walk.append(node)
+            else:
+                self.track(node)
 
     def drive_host_eviction(self, num_tokens, tracker, device_frees, host_frees,
                             cache_actions) -> None:

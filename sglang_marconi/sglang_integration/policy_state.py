@@ -57,7 +57,8 @@ from sglang_marconi.policy import defaults
 from sglang_marconi.policy.alpha import AlphaTuner
 from sglang_marconi.policy.defaults import NO_CAP, PAPER_MAX_STATES_PER_REQUEST
 from sglang_marconi.policy.ghost import GhostIndex
-from sglang_marconi.policy.host_tier import HostLink, host_efficiency, host_link_preset
+from sglang_marconi.policy.host_tier import (HostLink, demoted_efficiency, host_efficiency,
+                                             host_link_preset)
 from sglang_marconi.policy.likelihood import EndStateUsefulness, ReuseWeight
 from sglang_marconi.policy.mirror import state_pool_image
 from sglang_marconi.policy.online import OnlineAlpha
@@ -65,6 +66,7 @@ from sglang_marconi.policy.ranking import ranked_efficiency
 from sglang_marconi.policy.snapshot_admission import SnapshotPlan
 from sglang_marconi.sglang_integration.admission_plans import AdmissionPlans
 from sglang_marconi.sglang_integration.components import MAMBA as SGLANG_MAMBA
+from sglang_marconi.sglang_integration.components import FULL as SGLANG_FULL
 from sglang_marconi.sglang_integration.components import SGLANG_TREE, TIER_TREE, has_state
 from sglang_marconi.sglang_integration.options import MarconiSettings
 from sglang_marconi.sglang_integration.stats import MarconiStats
@@ -265,8 +267,15 @@ class MarconiPolicyState(AdmissionPlans):
         return self._efficiency(node, self.spec.ssm_state_bytes)
 
     def kv_pool_efficiency(self, node) -> float:
-        """FLOP efficiency of the node per byte of the token pool (its own KV tokens)."""
-        return self._efficiency(node, self.spec.kv_bytes_per_token * len(node.key))
+        """FLOP efficiency of the node per byte of the token pool (its own KV tokens); with
+        the two-tier rule, a node whose KV is on the host too is worth the load its
+        demotion would cost a later hit (``host_tier.demoted_efficiency``)."""
+        freed = self.spec.kv_bytes_per_token * len(node.key)
+        e = self._efficiency(node, freed)
+        if self.host_mode is not None and node.component_data[SGLANG_FULL].host_value is not None:
+            weight = self.reuse_weight(node) if self.reuse is not None else 1.0
+            e = demoted_efficiency(self.host_link, e, freed, self.spec.ssm_state_bytes, weight)
+        return e
 
     # -- the host tier (HiCache): the two-tier rule (policy/host_tier.py) -----------------
     host_link: HostLink = host_link_preset()
