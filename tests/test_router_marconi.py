@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from sglang_marconi.errors import UserError
+import sglang_marconi.serving.router_marconi as router_marconi
 from sglang_marconi.serving.router_marconi import MarconiRouter, block_hashes
 
 W = ["w0", "w1", "w2"]
@@ -243,3 +244,18 @@ def test_owner_memory_is_bounded(paper_spec):
     for i in range(5):
         serve(r, f"r{i}", ids(10_000 * i, 640))
     assert all(len(owned) <= 10 for owned in r.owners)
+
+
+def test_a_routing_call_hashes_the_request_once(paper_spec, monkeypatch):
+    """Every record lookup of one call (each replica's record, the owner memory, the
+    chosen replica's update) reuses one hashing of the request's blocks."""
+    calls = []
+
+    def counting(ids, grid, limit=None):
+        calls.append(len(ids))
+        return block_hashes(ids, grid, limit)
+
+    monkeypatch.setattr(router_marconi, "block_hashes", counting)
+    r = router(paper_spec, affinity_threshold=0.3)
+    r.route_request("a", ids(0, 5000), [0, 0, 0])
+    assert calls == [5000]

@@ -31,7 +31,8 @@ score(k) = flops_saved(reusable tokens on k)
   states the replica evicted goes back to where its KV was: a hybrid replica needs two
   visits to a prefix before a third can reuse it, and scattering the family over the least
   queued replicas restarts that count on each. 0 turns it off.
-  Every call is O(replicas x blocks of the request).
+  Every call is O(replicas x blocks of the request); the request's blocks are hashed once
+  per call (``route_request``) and every record lookup reuses those hashes.
 
 ``marconi`` (``MarconiRouter``) knows only what a router can know. Per replica it keeps
 a record of what it sent there as chained hashes of the request's tokens in blocks of the
@@ -211,11 +212,14 @@ class CostRouter:
         self.queued: List[Dict[str, float]] = [{} for _ in self.workers]
 
     # -- what each router knows ------------------------------------------------------------
-    def reusable(self, k: int, input_ids: Sequence[int]) -> tuple:
-        """(tokens replica ``k`` would reuse, its KV match in tokens) as this router knows."""
+    def reusable(self, k: int, input_ids: Sequence[int],
+                 hashes: Optional[Sequence[int]] = None) -> tuple:
+        """(tokens replica ``k`` would reuse, its KV match in tokens) as this router knows;
+        ``hashes``: ``block_hashes(input_ids, grid)`` if the caller has them (a routing
+        call hashes once)."""
         raise NotImplementedError
 
-    def on_routed(self, k: int, input_ids: Sequence[int]) -> None:
+    def on_routed(self, k: int, input_ids: Sequence[int], hashes: Sequence[int]) -> None:
         pass
 
     def on_complete(self, flight: InFlight, cached_tokens: int, output_ids) -> None:
@@ -271,29 +275,36 @@ class CostRouter:
                 return i
         return len(hashes)
 
-    def remember_owner(self, k: int, input_ids: Sequence[int]) -> None:
-        """Replica ``k`` was sent ``input_ids``: refresh its path, parents last."""
+    def remember_owner(self, k: int, hashes: Sequence[int]) -> None:
+        """Replica ``k`` was sent the request of block ``hashes``: refresh its path, parents
+        last."""
         if self.owner_tokens:
             owned = self.owners[k]
-            for h in reversed(block_hashes(input_ids, self.grid)):
+            for h in reversed(hashes):
                 owned.add(h)
+
+    def key_blocks(self, input_ids: Sequence[int], hashes: Sequence[int]) -> Sequence[int]:
+        """The blocks of the match key (input - 1 tokens, as SGLang's) among ``hashes``: a
+        chained hash stands for its prefix only, so they are the leading ones."""
+        return hashes[:max(0, len(input_ids) - 1) // self.grid]
 
     def route_request(self, rid: str, input_ids: Sequence[int], loads: Sequence[int]) -> Decision:
         if len(loads) != len(self.workers):
             raise ValueError(f"{len(loads)} loads for {len(self.workers)} workers")
-        views = [self.reusable(k, input_ids) for k in range(len(self.workers))]
+        hashes = block_hashes(input_ids, self.grid)   # the one hashing of this call
+        views = [self.reusable(k, input_ids, hashes) for k in range(len(self.workers))]
         if self.guard.imbalanced(loads):
             idx, rule = first_min(loads), "balance"
         else:
             idx, rule = self.choose(views, loads, len(input_ids),
-                                    block_hashes(input_ids, self.grid, len(input_ids) - 1)
+                                    self.key_blocks(input_ids, hashes)
                                     if self.owner_tokens else ())
         believed, kv = views[idx]
         flops = self.spec.prefill_flops(len(input_ids)) - self.spec.prefill_flops(believed)
         self.in_flight[rid] = InFlight(idx, input_ids, kv, believed, flops)
         self.queued[idx][rid] = flops
-        self.on_routed(idx, input_ids)
-        self.remember_owner(idx, input_ids)
+        self.on_routed(idx, input_ids, hashes)
+        self.remember_owner(idx, hashes)
         return Decision(idx, rule, input_chars=len(input_ids), believed_tokens=believed)
 
     def prefill_done(self, rid: str) -> None:
@@ -337,15 +348,14 @@ class MarconiRouter(CostRouter):
                         for _ in self.workers]
         self.corrections = {"dropped": 0, "added": 0}
 
-    def _key_hashes(self, input_ids: Sequence[int]) -> List[int]:
-        return block_hashes(input_ids, self.grid, max(0, len(input_ids) - 1))
-
-    def reusable(self, k: int, input_ids: Sequence[int]) -> tuple:
-        kv, state = self.records[k].match(self._key_hashes(input_ids))
+    def reusable(self, k: int, input_ids: Sequence[int],
+                 hashes: Optional[Sequence[int]] = None) -> tuple:
+        if hashes is None:
+            hashes = block_hashes(input_ids, self.grid)
+        kv, state = self.records[k].match(self.key_blocks(input_ids, hashes))
         return state * self.grid, kv * self.grid
 
-    def on_routed(self, k: int, input_ids: Sequence[int]) -> None:
-        hashes = block_hashes(input_ids, self.grid)
+    def on_routed(self, k: int, input_ids: Sequence[int], hashes: Sequence[int]) -> None:
         record = self.records[k]
         _, state = record.match(hashes)
         record.touch_path(hashes, state)
@@ -429,7 +439,8 @@ class OracleRouter(CostRouter):
         self.grid = sglang_grid(self.caches[0].page_size)  # before the base's records
         super().__init__(workers, spec, **options)
 
-    def reusable(self, k: int, input_ids: Sequence[int]) -> tuple:
+    def reusable(self, k: int, input_ids: Sequence[int],
+                 hashes: Optional[Sequence[int]] = None) -> tuple:
         return readonly_match(self.caches[k], input_ids)
 
 
