@@ -108,10 +108,10 @@ def record_device_evictions(cache, now: list) -> dict:
 
 def replay(cell: dict, requests: list, watch: bool) -> tuple:
     """Per request (input, device hit, host hit, KV held, state held); the evictions; the
-    A/B configuration."""
+    A/B configuration; a summary line of what crossed to host and what was admitted."""
     cfg, name, _, _ = hicache_bench.cell_config(cell, requests)
     cache = make_cache("stock-python" if name == "stock" else name, cfg)[0]
-    instrument_host(cache)  # the host section's wrappers, as in ``ab``
+    host = instrument_host(cache)  # the host section's counters, as in ``ab``
     now = [0]
     evictions = record_device_evictions(cache, now) if watch else {}
     replayer = Replayer(cache, chunked_prefill_size=cfg.pools.chunked_prefill_size,
@@ -122,7 +122,14 @@ def replay(cell: dict, requests: list, watch: bool) -> tuple:
         held = held_along(cache, rr.input_ids) if watch else (0, 0)
         out = replayer.run(rr)
         rows.append((out.input_len, out.hit_len, out.host_hit_len) + held)
-    return rows, evictions, cfg
+    summary = (f"{cell['cache']}: device hit tokens {sum(r[1] for r in rows):,}, host hit "
+               f"tokens {sum(r[2] for r in rows):,}, KV tokens backed up "
+               f"{host.kv_tokens_backed_up:,}, evicted on host {host.kv_tokens_evicted:,}")
+    if hasattr(cache, "marconi"):
+        st = cache.marconi.stats
+        summary += (f"; states admitted {dict(sorted(st.admitted.items()))}, end states "
+                    f"skipped {st.end_states_skipped:,}")
+    return rows, evictions, cfg, summary
 
 
 def loss_cause(tokens: np.ndarray, row: tuple, stock_hit: int, evictions: dict,
@@ -179,8 +186,9 @@ def main(argv=None) -> int:
     requests = cell_runs.requests(args.trace, args.limit)
     cell = {"model": args.model, "device_gb": hicache_bench.DEVICE_GB,
             "host_gb": args.host_gb, "policy": args.policy}
-    stock, _, _ = replay({**cell, "cache": "stock"}, requests, watch=False)
-    other, evictions, cfg = replay({**cell, "cache": args.cache}, requests, watch=True)
+    stock, _, _, stock_summary = replay({**cell, "cache": "stock"}, requests, watch=False)
+    other, evictions, cfg, other_summary = replay({**cell, "cache": args.cache}, requests,
+                                                  watch=True)
     spec = cfg.spec
     classes, keys = classify(stock, other, evictions, requests, args.cache,
                              cfg.pools.page_size)
@@ -201,9 +209,8 @@ def main(argv=None) -> int:
     s_all, o_all = sum(v[0] for v in saved.values()), sum(v[1] for v in saved.values())
     print(f"| all | {len(requests):,} | {s_all:.2%} | {o_all:.2%} | "
           f"{100 * (o_all - s_all):+.2f} |")
-    for name, rows in (("stock", stock), (args.cache, other)):
-        print(f"{name}: device hit tokens {sum(r[1] for r in rows):,}, "
-              f"host hit tokens {sum(r[2] for r in rows):,}")
+    print(stock_summary)
+    print(other_summary)
     return 0
 
 
