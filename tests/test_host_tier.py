@@ -1,6 +1,7 @@
 """The two-tier rule (``policy/host_tier.py``): a host hit's worth net of its PCIe load,
 per host byte; the host victims' order (GDSF aging for marconi+, the alpha utility for
-marconi, LRU at alpha 0); the PCIe constants of the time model."""
+marconi, LRU at alpha 0); end states kept for a host tier that backs up on a later insert;
+the PCIe constants of the time model."""
 import heapq
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -8,9 +9,12 @@ from types import SimpleNamespace
 import pytest
 
 from sglang_marconi.model import preset_spec
+from sglang_marconi.policy.defaults import NO_CAP
 from sglang_marconi.policy.host_tier import (HostClock, HostLink, HostRanking,
                                              demoted_efficiency, host_efficiency,
-                                             host_hit_value)
+                                             host_hit_value, tail_counts_toward_backup)
+from sglang_marconi.policy.likelihood import EndStateUsefulness
+from sglang_marconi.policy.snapshot_admission import SnapshotAdmission, new_plan
 from sglang_marconi.serving.gpu_model import PRESETS, host_link_preset
 
 SPEC = preset_spec("paper-7b")
@@ -130,3 +134,39 @@ def test_pcie_constants_are_one_direction_of_the_datasheets_figure():
     link = host_link_preset("h200", pcie_bytes_s=32e9)
     assert link.bytes_s == 32e9
     assert link.prefill_flops_s == pytest.approx(PRESETS["h200"].mfu * 989e12)
+
+
+def test_only_a_backup_on_a_later_insert_makes_the_tail_count():
+    # SGLang: write_through backs up at the first insert (threshold 1), selective at the
+    # second (2), write_back at eviction whatever the count
+    assert tail_counts_toward_backup(write_back=False, backup_threshold=2)
+    assert not tail_counts_toward_backup(write_back=False, backup_threshold=1)
+    assert not tail_counts_toward_backup(write_back=True, backup_threshold=2)
+
+
+class _Admission(SnapshotAdmission):
+    """The mixin's inputs: marconi+'s end-state usefulness and a ghost index (whose answer
+    is not read here), no cap."""
+
+    max_states, grid, ghost, reuse = NO_CAP, 64, object(), None
+
+    def __init__(self, keeps_tail: bool):
+        self.end_usefulness = EndStateUsefulness(threshold=0.05)
+        self.end_usefulness.ends = 100  # end states learned to be never reused
+        self.stats = SimpleNamespace(end_states_skipped=0)
+        self._keeps_tail = keeps_tail
+
+    def keeps_tail_for_backup(self) -> bool:
+        return self._keeps_tail
+
+    def snapshot_rejected(self) -> None:
+        raise AssertionError("no cap here")
+
+
+@pytest.mark.parametrize("keeps_tail", [False, True])
+def test_a_host_tier_that_counts_inserts_keeps_the_end_state(keeps_tail):
+    admission = _Admission(keeps_tail)
+    assert not admission.end_usefulness.admit()
+    plan = new_plan(input_len=1000, hit_len=0, branch_len=None, grid=64, max_states=NO_CAP)
+    assert admission.offer_final(plan, 960, 1000) is keeps_tail
+    assert admission.stats.end_states_skipped == (0 if keeps_tail else 1)

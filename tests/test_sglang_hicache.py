@@ -1,8 +1,8 @@
 """SGLang's HiCache (--enable-hierarchical-cache) on CPU, stock and Marconi, every write
 policy: the stand-in copies, the invariants of both tiers after every request (slots, host
 slots, locks, KV contents on each tier), marconi at alpha 0 behaving exactly like stock,
-the write_back state backup, and a hypothesis state machine with aborts, load-backs and
-explicit evictions on both tiers."""
+the write_back state backup, marconi+'s end states under write_through_selective, and a
+hypothesis state machine with aborts, load-backs and explicit evictions on both tiers."""
 import functools
 import os
 import random
@@ -55,9 +55,9 @@ BASES = [[1000 * b + i for i in range(300)] for b in range(4)]
 
 
 def pool_config(policy, ratio=1.5, **extra):
-    return PoolConfig(kv_tokens=512, mamba_slots=8, page_size=16, max_context_len=1024,
-                      chunked_prefill_size=128, mamba_track_interval=64,
-                      hicache_write_policy=policy, hicache_ratio=ratio, **extra)
+    sizes = dict(kv_tokens=512, mamba_slots=8, page_size=16, max_context_len=1024,
+                 chunked_prefill_size=128, mamba_track_interval=64)
+    return PoolConfig(**{**sizes, **extra}, hicache_write_policy=policy, hicache_ratio=ratio)
 
 
 def build(policy, kind, **extra):
@@ -343,3 +343,50 @@ def test_two_tier_rule_keeps_host_hits(policy):
         else:
             assert sum(ranked.values()) == 0
     assert served["marconi+"] > served["marconi+-host-lru"], served
+
+
+@pytest.mark.parametrize("policy,kind", [
+    ("write_through_selective", k) for k in ("stock", "marconi+", "marconi+-host-lru")] + [
+    (p, "marconi+") for p in ("write_through", "write_back")])
+def test_selective_backup_counts_the_tail_marconi_plus_would_not_keep(policy, kind):
+    """Under write_through_selective SGLang backs a node up on its second insert. marconi+
+    learns that end states are never reused here (``end_threshold`` 1: refused) and, with
+    no end state, SGLang inserts nothing of a request's tail; the two-tier rule admits them
+    anyway under that policy (``host_tier.tail_counts_toward_backup``). Request 0 ends at
+    256 tokens; requests 1-3 share its first 200 and branch at 192, the device tier emptied
+    before requests 2 and 3. With the tail inserted, request 1's insert (a split at 192) is
+    the segment's second and backs it up, request 2 re-inserts the state, which follows it
+    to host, and request 3 hits 192 tokens from host, as stock does. Without it, each
+    insert of the segment is its first and the device drops it: no host hit. Under the
+    other policies the rule is off: marconi+ still refuses the end states."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    settings = {"marconi+": MarconiSettings(plus=True, alpha=0.0, end_threshold=1.0),
+                "marconi+-host-lru": MarconiSettings(plus=True, alpha=0.0, end_threshold=1.0,
+                                                     host_rule="lru")}.get(kind)
+    cls = None if settings is None else functools.partial(
+        MarconiUnifiedRadixCache, spec=SPEC, settings=settings)
+    cache = build_cache(pool_config(policy, chunked_prefill_size=512, kv_tokens=1024),
+                        cache_class=cls, tree_core="python")[0]
+    replayer = Replayer(cache, chunked_prefill_size=512)
+    replayer.on_kv = TokenKV(cache)
+    base = BASES[0]
+    prompts = [base[:256]] + [base[:200] + [2000 + 100 * k + j for j in range(60)]
+                              for k in range(3)]
+    served = []
+    for i, ids in enumerate(prompts):
+        if i >= 2:
+            cache.evict(EvictParams(num_tokens=10**6, mamba_num=10**6))
+            cache.check_hicache_events()
+        out = replayer.run(ReplayRequest(f"r{i}", array("q", ids),
+                                         [9000 + 100 * i + j for j in range(8)]))
+        served.append((out.hit_len, out.host_hit_len))
+        check_idle(cache)
+        check_host_idle(cache)
+    rule_on = kind == "marconi+" and policy == "write_through_selective"
+    if kind != "stock":
+        assert (cache.marconi.stats.end_states_skipped == 0) is rule_on
+    if policy == "write_through_selective":
+        assert served[3] == ((0, 192) if kind == "stock" or rule_on else (0, 0)), served
+    else:  # backed up at the first insert or at eviction: every cache hits from host
+        assert served[3] == (0, 192), served

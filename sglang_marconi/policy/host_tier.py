@@ -26,6 +26,15 @@ device byte it frees), the second by the FLOPs it saves: under ``write_through_s
 the device keeps what the host does not hold yet, long enough for its second insert to
 back it up.
 
+Admission (``tail_counts_toward_backup``): under a write policy that backs a node up on
+its second insert (``write_through_selective``) a request's tail is worth inserting for
+the host's sake even when its end state is rarely hit. marconi+ refuses such end states
+(``likelihood.EndStateUsefulness``), and without its end state SGLang inserts nothing of
+the tail, so the tail's first insert never happens: the next request that shares part of
+it inserts that part for the first time and only a third one backs it up. With the tail
+inserted, the second request's insert (through it, or splitting it at its branch point)
+is the one that backs the shared part up.
+
 Both tiers' states count as checkpoints here (``TierTree``): a hit can end at a state on
 either tier, so the marginal FLOPs of a segment are measured from its nearest ancestor
 with a state on the device or the host.
@@ -73,6 +82,17 @@ def demoted_efficiency(link: HostLink, efficiency: float, freed_bytes: float,
     if freed_bytes <= 0 or not efficiency:
         return efficiency
     return min(efficiency, link.load_flops(freed_bytes + state_bytes) / freed_bytes * weight)
+
+
+def tail_counts_toward_backup(write_back: bool, backup_threshold: int) -> bool:
+    """Whether the host tier backs a node up only on a later insert: SGLang counts the
+    inserts through a node (``hit_count``) and writes it to host when the count reaches
+    ``write_through_threshold`` (``write_through``: 1, at its first insert;
+    ``write_through_selective``: 2), except under write_back (``is_write_back``), which
+    backs up at eviction, never by count. When it does, an end state marconi+'s learned
+    usefulness would refuse is admitted: its insert is the first of the tail's count (the
+    module doc)."""
+    return not write_back and backup_threshold > 1
 
 
 def host_efficiency(spec: CostModel, link: HostLink, tree: TreeAdapter, node, own_tokens: int,

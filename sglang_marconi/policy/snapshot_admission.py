@@ -14,15 +14,17 @@ follows) and the final state at finish. The plan made when the request matches
   for the branch point and the final state);
 - an end state (the last chunk's or the final one): counted once in marconi+'s end-state
   reuse rate, then refused when marconi+'s learned usefulness says end states are rarely
-  reused (``likelihood.EndStateUsefulness``) or when the cap is reached; a final state at
-  the position the last chunk already offered gets the same answer, counted once.
+  reused (``likelihood.EndStateUsefulness``), unless a host tier backs nodes up on a later
+  insert (``keeps_tail_for_backup``: ``host_tier.tail_counts_toward_backup``), or when the
+  cap is reached; a final state at the position the last chunk already offered gets the
+  same answer, counted once.
 
 ``SnapshotAdmission`` is a mixin: the class using it provides ``max_states`` (per request;
 ``defaults.NO_CAP`` for none), ``grid``, ``ghost`` (the ghost index or None),
 ``end_usefulness`` and ``reuse`` (marconi+'s learned parts or None), ``stats`` (with an
 ``end_states_skipped`` counter), ``snapshot_rejected()`` (a chunk or end state refused by
 the budget or the cap) and ``chain_weight_moved()`` (what to do when the learned chain
-weight moves).
+weight moves); it may override ``keeps_tail_for_backup()`` (False here: no host tier).
 """
 from __future__ import annotations
 
@@ -68,6 +70,12 @@ class SnapshotAdmission:
     @property
     def capped(self) -> bool:
         return self.max_states != NO_CAP
+
+    def keeps_tail_for_backup(self) -> bool:
+        """Whether end states the learned usefulness would refuse are admitted for a host
+        tier that backs nodes up on a later insert (``host_tier.tail_counts_toward_backup``).
+        No host tier here."""
+        return False
 
     def offer_intermediate(self, plan: SnapshotPlan, position: int, last_chunk: bool,
                            input_len: int) -> bool:
@@ -128,7 +136,7 @@ class SnapshotAdmission:
         plan.end_offered, plan.end_admitted = position, False
         plan.pending = "final"
         if (self.end_usefulness is not None and plan.end
-                and not self.end_usefulness.admit()):
+                and not self.end_usefulness.admit() and not self.keeps_tail_for_backup()):
             self.stats.end_states_skipped += 1
             return False  # marconi+: end states are rarely reused on this traffic
         if self.capped and plan.published >= self.max_states:

@@ -56,15 +56,14 @@ def cell_key(c: dict) -> tuple:
 
 
 
-def run_cell(cell: dict, trace: str, limit: Optional[int] = None) -> dict:
-    """One cache on one device budget + host tier: the A/B column plus the cell."""
-    warnings.filterwarnings("ignore", category=UserWarning)
+def cell_config(cell: dict, requests: list):
+    """The A/B configuration of one cell (``cell["cache"]``'s settings) for ``requests``:
+    (``harness.ab.ABConfig``, the cache's A/B name, the host/device ratio, the pool sizes)."""
     # heavy: sglang and torch, only in the worker that replays
-    from sglang_marconi.harness.ab import ABConfig, run_one
+    from sglang_marconi.harness.ab import ABConfig
 
     spec = preset_spec(cell["model"])
     sizes = size_pools(spec, cell["device_gb"], "static")
-    requests = cell_runs.requests(trace, limit)
     longest = max(len(r.input_ids) + max(1, r.output_len) for r in requests)
     ratio = ratio_for_size(cell["host_gb"], spec, sizes.kv_tokens, sizes.mamba_slots)
     pools = PoolConfig(kv_tokens=sizes.kv_tokens, mamba_slots=sizes.mamba_slots,
@@ -74,7 +73,16 @@ def run_cell(cell: dict, trace: str, limit: Optional[int] = None) -> dict:
     settings = MarconiSettings()
     if "host" in options:
         settings = dataclasses.replace(settings, host_rule=options["host"])
-    cfg = ABConfig(pools=pools, spec=spec, settings=settings, caches=(name,))
+    return ABConfig(pools=pools, spec=spec, settings=settings, caches=(name,)), name, ratio, sizes
+
+
+def run_cell(cell: dict, trace: str, limit: Optional[int] = None) -> dict:
+    """One cache on one device budget + host tier: the A/B column plus the cell."""
+    warnings.filterwarnings("ignore", category=UserWarning)
+    from sglang_marconi.harness.ab import run_one  # heavy: sglang and torch
+
+    requests = cell_runs.requests(trace, limit)
+    cfg, name, ratio, sizes = cell_config(cell, requests)
     column = run_one(name, requests, cfg)
     column["cache_class"] = column.pop("cache")
     return {**column, **cell, "requests": len(requests), "limit": limit,

@@ -62,6 +62,7 @@ class MarconiUnifiedRadixCache(UnifiedRadixCache):
         self.marconi.tree_tokens = lambda: self.full_evictable_size() + self.full_protected_size()
         self.marconi.rekey = self._rekey
         self.marconi.rekey_chains = self._rekey_chains
+        self.marconi.host_write_policy = self._host_write_policy
         self.marconi.exporter = make_exporter(self)
         if self.marconi.exporter is not None:
             self.marconi.exporter.set_alpha(self.marconi.alpha)
@@ -93,6 +94,12 @@ class MarconiUnifiedRadixCache(UnifiedRadixCache):
             for node in comp.queue.nodes():
                 if is_chain(node):
                     comp.track(node)
+
+    def _host_write_policy(self):
+        """(is_write_back, write_through_threshold) of the host tier, None without one."""
+        if not self.tree_core.enable_hicache:
+            return None
+        return self.is_write_back, self.write_through_threshold
 
     @property
     def marconi_stats(self) -> MarconiStats:

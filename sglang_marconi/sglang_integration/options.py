@@ -267,8 +267,10 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                        help="With --enable-hierarchical-cache: ranked = the host tier's "
                             "victims go by the FLOPs a host hit saves net of its PCIe load "
                             "per host byte (reuse-weighted and aged with marconi+, by the "
-                            "alpha utility with marconi); lru = SGLang's host LRU "
-                            f"(default {defaults.HOST_RULE}).")
+                            "alpha utility with marconi), and under "
+                            "write_through_selective marconi+ keeps the end states it would "
+                            "refuse (their insert counts toward the backup); lru = SGLang's "
+                            f"host LRU, none of the rule (default {defaults.HOST_RULE}).")
     group.add_argument("--marconi-online-alphas", dest="marconi_online_alphas",
                        type=_alphas_arg, default=None,
                        help="With --marconi-alpha online: the alphas of the shadow caches, "

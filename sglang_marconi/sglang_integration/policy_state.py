@@ -58,7 +58,7 @@ from sglang_marconi.policy.alpha import AlphaTuner
 from sglang_marconi.policy.defaults import NO_CAP, PAPER_MAX_STATES_PER_REQUEST
 from sglang_marconi.policy.ghost import GhostIndex
 from sglang_marconi.policy.host_tier import (HostLink, demoted_efficiency, host_efficiency,
-                                             host_link_preset)
+                                             host_link_preset, tail_counts_toward_backup)
 from sglang_marconi.policy.likelihood import EndStateUsefulness, ReuseWeight
 from sglang_marconi.policy.mirror import state_pool_image
 from sglang_marconi.policy.online import OnlineAlpha
@@ -290,6 +290,19 @@ class MarconiPolicyState(AdmissionPlans):
         if self.reuse is not None:
             return "gdsf"
         return "marconi" if self.alpha else None
+
+    # callable: SGLang's host write policy as (is_write_back, write_through_threshold), or
+    # None without a host tier (set by the cache: SGLang attaches HiCache after __init__)
+    host_write_policy = None
+
+    def keeps_tail_for_backup(self) -> bool:
+        """The admission half of the two-tier rule (``host_tier.tail_counts_toward_backup``):
+        under a host tier that backs nodes up on a later insert, marconi+ admits the end
+        states its learned usefulness would refuse. Off with ``--marconi-host-rule lru``."""
+        if self.host_mode is None or self.host_write_policy is None:
+            return False
+        policy = self.host_write_policy()
+        return policy is not None and tail_counts_toward_backup(*policy)
 
     def _host_efficiency(self, node, held_bytes: float) -> float:
         return host_efficiency(self.spec, self.host_link, TIER_TREE, node, len(node.key),
