@@ -66,7 +66,9 @@ def check_sizes(cache) -> dict:
 
 def check_queues(cache) -> None:
     """The persistent victim queues agree with the tree (see the module docstring)."""
-    from sglang_marconi.sglang_integration.components import state_recency
+    from sglang_marconi.policy.ranking import nearest_state_depth
+    from sglang_marconi.sglang_integration.components import (SGLANG_TREE, STATE_DEPTH,
+                                                               state_recency)
 
     policy = cache.marconi
     mamba_q = cache.components[MAMBA].queue
@@ -79,6 +81,9 @@ def check_queues(cache) -> None:
         else:
             assert (node in mamba_q) == (cd.lock_ref == 0), (
                 f"node {node.id}: lock_ref {cd.lock_ref}, queued {node in mamba_q}")
+            kept = getattr(node, STATE_DEPTH, None)
+            assert kept is None or kept == nearest_state_depth(SGLANG_TREE, node), (
+                f"node {node.id}: kept nearest state depth {kept}")
             r, e = mamba_q.entry(node)
             assert r == state_recency(node), f"node {node.id}: recency {r}"
             assert math.isclose(e, policy.state_pool_efficiency(node), rel_tol=1e-9), (

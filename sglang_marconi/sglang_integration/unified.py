@@ -29,6 +29,7 @@ unchanged, so it makes stock's decisions.
 from __future__ import annotations
 
 import bisect
+from operator import itemgetter
 
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, EvictResult
 from sglang.srt.mem_cache.unified_cache.components import base as components_base
@@ -44,6 +45,9 @@ from sglang_marconi.sglang_integration.components import (
     has_state,
     state_recency,
 )
+
+
+_first = itemgetter(0)
 
 
 def is_unified(params) -> bool:
@@ -95,11 +99,17 @@ class JointWalk:
         bases = {}
         for q in (full.queue, mamba.queue):  # a leaf with a state: the state's aging base
             bases.update((node, base) for node, _, _, base in q.candidates())
-        # oldest first: equal keys (marconi+'s unhit states all weigh 0) leave in LRU order,
-        # as in the persistent queues and the simulator
-        for node in sorted(bases, key=lambda n: joint_recency(cache, n)):
-            self.add(node, bases[node])
-        self.queue.refresh()
+        rows = []  # (recency, node, is leaf, base) of the valid candidates
+        for node, base in bases.items():
+            leaf = self.is_leaf(node)
+            if leaf or self.valid(node):
+                rows.append((joint_recency(cache, node), node, leaf, base))
+        # oldest first (a stable sort: ties keep the queues' order): equal keys (marconi+'s
+        # unhit states all weigh 0) leave in LRU order, as in the persistent queues and the
+        # simulator
+        rows.sort(key=_first)
+        self.queue.load_aged([(node, recency, joint_efficiency(cache, node, leaf), base)
+                              for recency, node, leaf, base in rows])
 
     def is_leaf(self, node) -> bool:
         return node in self.cache.tree_core.evictable_device_leaves
