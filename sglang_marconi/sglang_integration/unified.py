@@ -99,17 +99,21 @@ class JointWalk:
         bases = {}
         for q in (full.queue, mamba.queue):  # a leaf with a state: the state's aging base
             bases.update((node, base) for node, _, _, base in q.candidates())
-        rows = []  # (recency, node, is leaf, base) of the valid candidates
+        leaves = cache.tree_core.evictable_device_leaves
+        rows = []  # (recency, node, is leaf, holds a state, base) of the valid candidates
         for node, base in bases.items():
-            leaf = self.is_leaf(node)
-            if leaf or self.valid(node):
-                rows.append((joint_recency(cache, node), node, leaf, base))
+            cd = node.component_data[MAMBA]
+            state = cd.value is not None
+            leaf = node in leaves
+            if leaf or (state and cd.lock_ref == 0 and node.parent is not None):  # valid()
+                rows.append((joint_recency(cache, node), node, leaf, state, base))
         # oldest first (a stable sort: ties keep the queues' order): equal keys (marconi+'s
         # unhit states all weigh 0) leave in LRU order, as in the persistent queues and the
-        # simulator
+        # simulator. A candidate without a state ranks 0 (``ranking.ranked_efficiency``).
         rows.sort(key=_first)
-        self.queue.load_aged([(node, recency, joint_efficiency(cache, node, leaf), base)
-                              for recency, node, leaf, base in rows])
+        self.queue.load_aged([(node, recency,
+                               joint_efficiency(cache, node, leaf) if state else 0.0, base)
+                              for recency, node, leaf, state, base in rows])
 
     def is_leaf(self, node) -> bool:
         return node in self.cache.tree_core.evictable_device_leaves
