@@ -5,7 +5,8 @@
   is either free in its allocator or held by the tree (no leak);
 - Marconi's persistent victim queues hold exactly the candidates (unlocked states; the
   evictable leaves) with the inputs a fresh computation gives (a leaf's recency may lag
-  its ``last_access_time``: the walk re-keys it when popped);
+  its ``last_access_time``: the walk re-keys it when popped), and a state's kept nearest
+  checkpointed ancestor depth is the one a walk up the tree gives;
 - unified memory (``--enable-unified-memory``): no byte of the shared buffer leaked (SGLang's
   own ``verify_byte_accounting``), its KV and state sub-allocators hold exactly what the tree
   holds, and the Mamba slot ids likewise;

@@ -29,7 +29,11 @@ later time only raises a key, so the order of what is evicted is the order of th
 keys). A state that appears or goes changes the nearest checkpointed ancestor, hence the
 FLOP efficiency, of the states below it down to the next state: they are re-keyed then
 (``rekey_state_change``). Token depths are cached on the node (a node's end depth never
-changes: a split inserts a new parent and keeps the child's end). The min-max bounds of
+changes: a split inserts a new parent and keeps the child's end), and so is a state's
+nearest checkpointed ancestor's depth (``cached_state_depth``: forgotten where
+``rekey_state_change`` runs, checked against a fresh walk by ``harness.invariants``).
+marconi+'s leaf-set hook (``children_changed``, on every lock and unlock along a path)
+re-keys a state only when its reuse weight moved. The min-max bounds of
 the normalisation are refreshed over the current candidates at the start of every walk
 (the paper's rule) while a queue holds at most ``MarconiSettings.renormalise_limit``
 candidates (1024: a bounded pass of simple arithmetic, no tree walks), and the
