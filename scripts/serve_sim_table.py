@@ -2,10 +2,13 @@
 columns included when the runs have a host tier), then one line per cache and load with its
 P95 TTFT and FLOPs saved against stock's at the same load. With several files (or
 ``--brief``): per file a line naming its cell (model, pools, host tier, loop) and the
-lines against stock, no table.
+lines against stock, no table. ``--bookkeeping``: instead, per file and run the cache's
+own time (per-step max and p99, total, the total over stock's and stock-python's in that
+file, the longest GC pause, reported apart) and FLOPs saved.
 
     python scripts/serve_sim_table.py docs/data/hicache_serving.json
     python scripts/serve_sim_table.py docs/data/hicache_serving_grid/*.json
+    python scripts/serve_sim_table.py --bookkeeping before.json after.json
 """
 from __future__ import annotations
 
@@ -47,15 +50,40 @@ def cell(config: dict) -> str:
             f"{config['loop']} loop, {config['requests']} requests")
 
 
+def bookkeeping_rows(out: dict) -> list:
+    """'cache@load: bk max ... ms, p99 ..., total ... s = Nx stock, Nx stock-python; gc max
+    ... s; FLOPs saved ...' lines of one serve-sim --json output."""
+    ratios = {(r["cache"], r["load"]): r for r in out.get("bookkeeping_ratios", [])}
+    lines = []
+    for r in out["runs"]:
+        ratio = ratios.get((r["cache"], r["load"]), {})
+        vs = "".join(f", {ratio[key]:.2f}x {name}" for key, name in
+                     (("vs_stock", "stock"), ("vs_stock_python", "stock-python"))
+                     if ratio.get(key) is not None)
+        lines.append(
+            f"{r['cache']}@{r['load']}: bk ms max {r['bookkeeping_ms_per_step_max']:.1f}, "
+            f"p99 {r['bookkeeping_ms_per_step_p99']:.2f}, total {r['bookkeeping_s_total']:.2f} s"
+            f"{vs}; gc max {r['gc_pause_s_max']:.3f} s; FLOPs saved "
+            f"{r['flops_saved_fraction']:.2%}")
+    return lines
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("json", nargs="+", help="serve-sim --json outputs")
     parser.add_argument("--brief", action="store_true", help="no table")
+    parser.add_argument("--bookkeeping", action="store_true",
+                        help="the cache's own time per run (no table)")
     args = parser.parse_args(argv)
     brief = args.brief or len(args.json) > 1
     for path in args.json:
         with open(path) as f:
             out = json.load(f)
+        if args.bookkeeping:
+            print(f"{path}: {cell(out['config'])}")
+            for line in bookkeeping_rows(out):
+                print("  " + line)
+            continue
         if brief:
             print(cell(out["config"]))
         else:

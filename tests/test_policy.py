@@ -221,3 +221,28 @@ def test_suspend_victim_ages_the_gdsf_queue_as_a_pop():
     assert "a" not in handed and handed.is_suspended("a")
     handed.resume("a")                       # declined: back with the key it had
     assert handed.peek_victim() == "a"
+
+
+@pytest.mark.parametrize("mode,alpha", [("marconi", 0.0), ("gdsf", 0.0), ("marconi", 0.7)])
+def test_victim_queue_load_aged_is_add_aged_then_refresh(mode, alpha):
+    """The joint walk's bulk load (one heap build) gives the queue a push per candidate and a
+    refresh give: the same victims in the same order, ties (equal keys) included, also for
+    candidates added and re-keyed after it."""
+    rng = np.random.default_rng(7)
+    rows = [(i, float(rng.integers(0, 5)), float(rng.integers(0, 3)), float(rng.integers(0, 2)))
+            for i in range(200)]  # few distinct values: many exact ties
+    pushed, loaded = VictimQueue(alpha, mode=mode), VictimQueue(alpha, mode=mode)
+    for q in (pushed, loaded):
+        q.clock = 3.0
+    for node, r, e, base in rows:
+        pushed.add_aged(node, r, e, base)
+    pushed.refresh()
+    loaded.load_aged(rows)
+    for q in (pushed, loaded):
+        q.add_aged(500, 1.0, 1.0, q.clock)
+        q.update(3, 9.0, 2.0)
+    order = [pushed.pop_victim() for _ in range(len(pushed))]
+    assert order == [loaded.pop_victim() for _ in range(len(loaded))]
+    assert len(order) == 201 and pushed.clock == loaded.clock
+    with pytest.raises(ValueError, match="already holds"):
+        loaded.load_aged([(1, 0.0, 0.0, 0.0)] * 2)

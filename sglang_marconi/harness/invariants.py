@@ -5,7 +5,8 @@
   is either free in its allocator or held by the tree (no leak);
 - Marconi's persistent victim queues hold exactly the candidates (unlocked states; the
   evictable leaves) with the inputs a fresh computation gives (a leaf's recency may lag
-  its ``last_access_time``: the walk re-keys it when popped);
+  its ``last_access_time``: the walk re-keys it when popped), and a state's kept nearest
+  checkpointed ancestor depth is the one a walk up the tree gives;
 - unified memory (``--enable-unified-memory``): no byte of the shared buffer leaked (SGLang's
   own ``verify_byte_accounting``), its KV and state sub-allocators hold exactly what the tree
   holds, and the Mamba slot ids likewise;
@@ -66,7 +67,9 @@ def check_sizes(cache) -> dict:
 
 def check_queues(cache) -> None:
     """The persistent victim queues agree with the tree (see the module docstring)."""
-    from sglang_marconi.sglang_integration.components import state_recency
+    from sglang_marconi.policy.ranking import nearest_state_depth
+    from sglang_marconi.sglang_integration.components import (SGLANG_TREE, STATE_DEPTH,
+                                                               state_recency)
 
     policy = cache.marconi
     mamba_q = cache.components[MAMBA].queue
@@ -79,6 +82,9 @@ def check_queues(cache) -> None:
         else:
             assert (node in mamba_q) == (cd.lock_ref == 0), (
                 f"node {node.id}: lock_ref {cd.lock_ref}, queued {node in mamba_q}")
+            kept = getattr(node, STATE_DEPTH, None)
+            assert kept is None or kept == nearest_state_depth(SGLANG_TREE, node), (
+                f"node {node.id}: kept nearest state depth {kept}")
             r, e = mamba_q.entry(node)
             assert r == state_recency(node), f"node {node.id}: recency {r}"
             assert math.isclose(e, policy.state_pool_efficiency(node), rel_tol=1e-9), (

@@ -61,11 +61,14 @@ def nearest_state_depth(tree: TreeAdapter, node) -> int:
 
 
 def ranked_efficiency(spec: CostModel, tree: TreeAdapter, node, freed_bytes: float,
-                      weight: Optional[Callable] = None) -> float:
+                      weight: Optional[Callable] = None,
+                      ancestor_depth: Callable = nearest_state_depth) -> float:
     """FLOPs a hit at ``node`` saves over its nearest checkpointed ancestor per byte freed,
-    times ``weight(node)`` (marconi+'s reuse likelihood) when given."""
-    e = flop_efficiency(spec, tree.depth(node), nearest_state_depth(tree, node), freed_bytes,
-                        tree.has_state(node))
+    times ``weight(node)`` (marconi+'s reuse likelihood) when given. ``ancestor_depth``
+    answers ``nearest_state_depth(tree, node)`` (a tree may keep the answers)."""
+    if not tree.has_state(node):
+        return 0.0  # cannot end a hit (``flop_efficiency``'s rule): no walk to its ancestors
+    e = flop_efficiency(spec, tree.depth(node), ancestor_depth(tree, node), freed_bytes)
     return e * weight(node) if weight is not None and e else e
 
 

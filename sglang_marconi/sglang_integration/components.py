@@ -29,7 +29,11 @@ later time only raises a key, so the order of what is evicted is the order of th
 keys). A state that appears or goes changes the nearest checkpointed ancestor, hence the
 FLOP efficiency, of the states below it down to the next state: they are re-keyed then
 (``rekey_state_change``). Token depths are cached on the node (a node's end depth never
-changes: a split inserts a new parent and keeps the child's end). The min-max bounds of
+changes: a split inserts a new parent and keeps the child's end), and so is a state's
+nearest checkpointed ancestor's depth (``cached_state_depth``: forgotten where
+``rekey_state_change`` runs, checked against a fresh walk by ``harness.invariants``).
+marconi+'s leaf-set hook (``children_changed``, on every lock and unlock along a path)
+re-keys a state only when its reuse weight moved. The min-max bounds of
 the normalisation are refreshed over the current candidates at the start of every walk
 (the paper's rule) while a queue holds at most ``MarconiSettings.renormalise_limit``
 candidates (1024: a bounded pass of simple arithmetic, no tree walks), and the
@@ -58,13 +62,15 @@ from sglang.srt.mem_cache.unified_cache.components.full import FullComponent
 from sglang.srt.mem_cache.unified_cache.components.mamba import MambaComponent
 
 from sglang_marconi.policy.host_tier import HostClock, HostRanking
-from sglang_marconi.policy.ranking import LinkedTree, states_below
+from sglang_marconi.policy.ranking import LinkedTree, nearest_state_depth, states_below
 from sglang_marconi.policy.scoring import VictimQueue
 
 MAMBA = ComponentType.MAMBA
 FULL = ComponentType.FULL
 STAMP = "marconi_used"  # ComponentData.metadata key: when the state was last used
 DEPTH = "_marconi_depth"  # node attribute: tokens from the root to the node's end
+STATE_DEPTH = "_marconi_state_depth"  # node attribute: ``cached_state_depth``'s answer
+KEYED_WEIGHT = "_marconi_keyed_weight"  # node attribute: marconi+'s reuse weight in its MAMBA key
 INSERT_OFFSET = 0.5  # an insert is stamped after the latest match, before the next one
 
 
@@ -92,6 +98,25 @@ def token_depth(node) -> int:
         d += len(n.key) if n.parent is not None else 0
         setattr(n, DEPTH, d)
     return d
+
+
+def cached_state_depth(tree, node) -> int:
+    """``ranking.nearest_state_depth`` of ``node``, kept on the node. A node's nearest
+    checkpointed ancestor changes only when a state appears or goes between them (a split
+    inserts a node without a state; only leaves are deleted), and every such change runs
+    ``rekey_state_change``, which forgets the answers of the node that changed and of the
+    states below it down to the next state (``ranking.states_below``), the only nodes
+    whose answer it changes that rank above 0. For ``SGLANG_TREE`` (device states)."""
+    d = getattr(node, STATE_DEPTH, None)
+    if d is None:
+        d = nearest_state_depth(tree, node)
+        setattr(node, STATE_DEPTH, d)
+    return d
+
+
+def forget_state_depth(node) -> None:
+    if getattr(node, STATE_DEPTH, None) is not None:
+        setattr(node, STATE_DEPTH, None)
 
 
 class _SGLangTree(LinkedTree):
@@ -128,8 +153,10 @@ def rekey_state_change(cache, node) -> None:
     """``node`` gained or lost its state: re-key it in the FULL queue and the states whose
     nearest checkpointed ancestor it now is or was (``ranking.states_below``, both queues)."""
     mamba, full = cache.components[MAMBA], cache.components[FULL]
+    forget_state_depth(node)
     full.track(node)
     for x in states_below(SGLANG_TREE, node):
+        forget_state_depth(x)
         mamba.track(x)
         full.track(x)
 
@@ -224,7 +251,11 @@ class MarconiMambaComponent(_ScoredQueue, MambaComponent):
         if cd.value is None:
             self.queue.discard(node)
             return
-        self.queue.update(node, state_recency(node), self.cache.marconi.state_pool_efficiency(node))
+        policy = self.cache.marconi
+        if policy.reuse is not None:
+            # marconi+: the reuse weight this key is computed with (``children_changed``)
+            setattr(node, KEYED_WEIGHT, policy.reuse_weight(node))
+        self.queue.update(node, state_recency(node), policy.state_pool_efficiency(node))
         if cd.lock_ref > 0:
             self.queue.suspend(node)
 
@@ -239,6 +270,8 @@ class MarconiMambaComponent(_ScoredQueue, MambaComponent):
     def commit_insert_component_data(self, node, is_new_leaf, params, result, cache_actions):
         had = has_state(node)
         super().commit_insert_component_data(node, is_new_leaf, params, result, cache_actions)
+        if not had:
+            forget_state_depth(node)  # kept while it had none would be stale
         _stamp(node, self.cache.marconi.clock + INSERT_OFFSET)
         self.track(node)
         if not had:
@@ -399,6 +432,7 @@ class MarconiMambaComponent(_ScoredQueue, MambaComponent):
         if phase == CacheTransferPhase.LOAD_BACK and not had and has_state(node):
             # SGLang's load-back (``set_component_device_value``) puts it at the MRU end
             # of the MAMBA LRU list: a use, stamped like a hit
+            forget_state_depth(node)
             _stamp(node, self.cache.marconi.clock)
             self.track(node)
             rekey_state_change(self.cache, node)
@@ -454,10 +488,21 @@ class MarconiFullComponent(_ScoredQueue, FullComponent):
             self.queue.discard(node)
 
     def children_changed(self, node) -> None:
-        """The tree re-evaluates a node's leaf status when its children change: marconi+
-        weighs a state by the most children its node had (a branch point)."""
-        if self.cache.marconi.reuse is not None and has_state(node):
-            self.cache.components[MAMBA].track(node)
+        """The tree re-evaluates a node's leaf status when its children change (and on
+        every lock and unlock along a path): marconi+ weighs a state by its children (one:
+        a chain) and the most it had (two: a branch point). Its key is recomputed only
+        when that weight moved since it was keyed: its other inputs (recency, the nearest
+        checkpointed ancestor, the hit count) re-key it where they change, so the key
+        would come out the same."""
+        policy = self.cache.marconi
+        if policy.reuse is None or not has_state(node):
+            return
+        mamba = self.cache.components[MAMBA]
+        weight = policy.reuse_weight(node)  # records the child count, as a re-key would
+        if (mamba.queue is not None and mamba.queue.entry(node) is not None
+                and getattr(node, KEYED_WEIGHT, None) == weight):
+            return
+        mamba.track(node)
 
     def _resync(self) -> None:
         """Leaves matched since they were keyed get their current time (efficiencies are

@@ -16,8 +16,9 @@ shared buffer, reuse-weighted for marconi+) with recency on the request clock (a
 its stamp; a KV-only leaf: the request during which SGLang last touched it,
 ``JointMambaComponent`` records the counter at each match), in a ``VictimQueue`` with the
 persistent queues' mode and alpha. The walk-local queue is built from the two persistent
-queues' live candidates at the start of a joint walk (O(n log n) once per walk), and a
-parent that becomes an evictable leaf joins it.
+queues' live candidates at the start of a joint walk (O(n log n) once per walk, one heap
+build, no tree walk: a state's nearest checkpointed ancestor is kept on its node,
+``components.cached_state_depth``), and a parent that becomes an evictable leaf joins it.
 
 What stays SGLang's: Mamba slot ids are a separate resource ("Full KV can supply bytes but
 cannot recycle Mamba virtual IDs"): a slot-id shortfall is met first by the stock MAMBA
@@ -29,6 +30,7 @@ unchanged, so it makes stock's decisions.
 from __future__ import annotations
 
 import bisect
+from operator import itemgetter
 
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, EvictResult
 from sglang.srt.mem_cache.unified_cache.components import base as components_base
@@ -44,6 +46,9 @@ from sglang_marconi.sglang_integration.components import (
     has_state,
     state_recency,
 )
+
+
+_first = itemgetter(0)
 
 
 def is_unified(params) -> bool:
@@ -95,11 +100,21 @@ class JointWalk:
         bases = {}
         for q in (full.queue, mamba.queue):  # a leaf with a state: the state's aging base
             bases.update((node, base) for node, _, _, base in q.candidates())
-        # oldest first: equal keys (marconi+'s unhit states all weigh 0) leave in LRU order,
-        # as in the persistent queues and the simulator
-        for node in sorted(bases, key=lambda n: joint_recency(cache, n)):
-            self.add(node, bases[node])
-        self.queue.refresh()
+        leaves = cache.tree_core.evictable_device_leaves
+        rows = []  # (recency, node, is leaf, holds a state, base) of the valid candidates
+        for node, base in bases.items():
+            cd = node.component_data[MAMBA]
+            state = cd.value is not None
+            leaf = node in leaves
+            if leaf or (state and cd.lock_ref == 0 and node.parent is not None):  # valid()
+                rows.append((joint_recency(cache, node), node, leaf, state, base))
+        # oldest first (a stable sort: ties keep the queues' order): equal keys (marconi+'s
+        # unhit states all weigh 0) leave in LRU order, as in the persistent queues and the
+        # simulator. A candidate without a state ranks 0 (``ranking.ranked_efficiency``).
+        rows.sort(key=_first)
+        self.queue.load_aged([(node, recency,
+                               joint_efficiency(cache, node, leaf) if state else 0.0, base)
+                              for recency, node, leaf, state, base in rows])
 
     def is_leaf(self, node) -> bool:
         return node in self.cache.tree_core.evictable_device_leaves
