@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import math
 
-from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+from sglang.srt.mem_cache.unified_cache.components.base import ComponentType, EvictLayer
+
+from sglang_marconi.policy.ranking import nearest_state_depth
+from sglang_marconi.sglang_integration.components import SGLANG_TREE, STATE_DEPTH, state_recency
 
 FULL, MAMBA = ComponentType.FULL, ComponentType.MAMBA
 
@@ -67,10 +70,6 @@ def check_sizes(cache) -> dict:
 
 def check_queues(cache) -> None:
     """The persistent victim queues agree with the tree (see the module docstring)."""
-    from sglang_marconi.policy.ranking import nearest_state_depth
-    from sglang_marconi.sglang_integration.components import (SGLANG_TREE, STATE_DEPTH,
-                                                               state_recency)
-
     policy = cache.marconi
     mamba_q = cache.components[MAMBA].queue
     full_q = cache.components[FULL].queue
@@ -131,8 +130,6 @@ def guard_locked_evictions(cache) -> None:
     """Wrap every component's ``evict_component`` to assert that the data it frees is not
     locked: device data under a lock (``lock_ref``), host data under a host lock
     (``host_lock_ref``, HiCache)."""
-    from sglang.srt.mem_cache.unified_cache.components.base import EvictLayer
-
     for ct, component in cache.components.items():
         original = component.evict_component
 
