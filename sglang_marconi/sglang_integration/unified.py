@@ -51,6 +51,13 @@ from sglang_marconi.sglang_integration.components import (
 _first = itemgetter(0)
 
 
+def droppable_inner_state(node) -> bool:
+    """A node the joint walk may drop the state of without evicting its KV: it holds an
+    unlocked state and is not the root."""
+    cd = node.component_data[MAMBA]
+    return cd.value is not None and cd.lock_ref == 0 and node.parent is not None
+
+
 def is_unified(params) -> bool:
     """The pools are SGLang's unified buffer (a Full donor can fund Mamba states)."""
     donor = getattr(params.token_to_kv_pool_allocator, "mamba_full_cache_donor", None)
@@ -103,10 +110,9 @@ class JointWalk:
         leaves = cache.tree_core.evictable_device_leaves
         rows = []  # (recency, node, is leaf, holds a state, base) of the valid candidates
         for node, base in bases.items():
-            cd = node.component_data[MAMBA]
-            state = cd.value is not None
+            state = node.component_data[MAMBA].value is not None
             leaf = node in leaves
-            if leaf or (state and cd.lock_ref == 0 and node.parent is not None):  # valid()
+            if leaf or droppable_inner_state(node):  # ``valid``
                 rows.append((joint_recency(cache, node), node, leaf, state, base))
         # oldest first (a stable sort: ties keep the queues' order): equal keys (marconi+'s
         # unhit states all weigh 0) leave in LRU order, as in the persistent queues and the
@@ -120,10 +126,7 @@ class JointWalk:
         return node in self.cache.tree_core.evictable_device_leaves
 
     def valid(self, node) -> bool:
-        if self.is_leaf(node):
-            return True
-        cd = node.component_data[MAMBA]
-        return cd.value is not None and cd.lock_ref == 0 and node.parent is not None
+        return self.is_leaf(node) or droppable_inner_state(node)
 
     def add(self, node, base=None) -> None:
         if not self.valid(node):
