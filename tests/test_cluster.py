@@ -178,6 +178,40 @@ def test_deterministic(spec, trace_requests):
     assert a == b
 
 
+
+def test_a_replica_that_sglang_crashes_stops_the_run_and_is_named(spec, trace_requests,
+                                                                  monkeypatch):
+    """SGLang's allocator raising inside one replica's step (its server would exit): the
+    cluster run stops there and its summary names the replica and the error; any other
+    exception still propagates."""
+    from sglang_marconi.serving import cluster as cluster_mod
+    from sglang_marconi.serving.scheduler import ServingScheduler
+
+    reqs, ts = trace_requests
+    setup = _setup(spec, reqs[:30], ts[:30])
+    real_step = ServingScheduler._step_overlap
+    calls = {}
+
+    def step(self, message="Prefill out of memory. Try to lower your batch size.\nTry x."):
+        calls[id(self)] = calls.get(id(self), 0) + 1
+        if self is built[-1].replicas[1] and calls[id(self)] == 5:
+            raise RuntimeError(message)
+        real_step(self)
+
+    built = []
+    real_build = cluster_mod.build_cluster
+    monkeypatch.setattr(cluster_mod, "build_cluster",
+                        lambda *a, **k: built.append(real_build(*a, **k)) or built[-1])
+    monkeypatch.setattr(ServingScheduler, "_step_overlap", step)
+    summary, cluster = cluster_mod.run_cluster("stock", "round_robin", reqs[:30], setup, 2,
+                                               load=0.9)
+    assert summary["crashed"].startswith("replica 1: SGLang raised 'Prefill out of memory")
+    assert summary["finished"] < 30 and cluster.replicas[0].crash is None
+    monkeypatch.setattr(ServingScheduler, "_step_overlap",
+                        lambda self: step(self, "something else"))
+    with pytest.raises(RuntimeError, match="something else"):
+        cluster_mod.run_cluster("stock", "round_robin", reqs[:30], setup, 2, load=0.9)
+
 def test_cli_prints_one_row_per_router_and_cache(mooncake_path, capsys):
     from sglang_marconi.cli.main import main
 

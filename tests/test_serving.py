@@ -232,6 +232,40 @@ def test_grid_rows_medians_ratios_and_verdicts():
     assert text.count("\n| paper-7b |") == 4 and "**MISS**" in text and "**PASS**" in text
 
 
+
+def test_grid_rows_leave_crashed_servers_out_and_say_so():
+    """A seed whose server SGLang crashed: its figures are left out of the medians and of
+    the ratios (stock's crash takes that seed's ratios with it), the row counts it, and a
+    Marconi cache that crashed fails the grid."""
+    from sglang_marconi.reports import serving_grid
+
+    def run(cache, p95, crashed=None):
+        return {"cache": cache, "load": 0.95, "ttft_p50_s": 1.0, "ttft_p95_s": p95,
+                "flops_saved_fraction": 0.1, "busy_fraction": 0.9, "overloaded": False,
+                "cpu_critical_fraction": 0.0, "gc_pause_s_max": 0.0,
+                "bookkeeping_ms_per_step_max": 1.0, "bookkeeping_s_total": 1.0,
+                "crashed": crashed}
+
+    boom = "SGLang raised 'Prefill out of memory. Try...' at t=1.0 s"
+    cells = [{"model": "paper-7b", "workload": "bundled", "memory": "unified",
+              "loop": "overlap", "seed": seed, "runs": runs} for seed, runs in enumerate([
+                  [run("stock", 10.0), run("marconi+", 5.0), run("marconi", 9.0)],
+                  [run("stock", 99.0, boom), run("marconi+", 7.0), run("marconi", 1.0, boom)],
+                  [run("stock", 20.0), run("marconi+", 18.0), run("marconi", 19.0)]])]
+    rows = {r["cache"]: r for r in serving_grid.rows(cells)}
+    assert rows["stock"]["crashed"] == "1/3" and rows["stock"]["ttft_p95_s"] == 15.0
+    # seed 1 has no stock P95: the ratios are seed 0's 0.5 and seed 2's 0.9
+    assert rows["marconi+"]["p95_vs_stock"] == pytest.approx(0.7)
+    assert rows["marconi+"]["ttft_p95_s"] == 7.0 and rows["marconi+"]["crashed"] == "0/3"
+    verdicts = {t: (v, d) for t, v, d in serving_grid.verdicts(list(rows.values()))}
+    verdict, detail = verdicts["marconi and marconi+ never crash the server"]
+    assert verdict == "MISS" and "marconi paper-7b bundled load 0.95: 1/3" in detail
+    cells[0]["runs"] = cells[1]["runs"] = [run("marconi", 1.0, boom)]
+    cells.pop()
+    only = serving_grid.rows(cells)
+    assert only[0]["ttft_p95_s"] is None and only[0]["crashed"] == "2/2"
+    assert "| 2/2 |" in serving_grid.markdown(only, "cmd")
+
 def test_bookkeeping_ratios_against_both_stock_cores():
     from sglang_marconi.cli.serve_sim import format_ratios
     from sglang_marconi.serving.metrics import bookkeeping_ratios

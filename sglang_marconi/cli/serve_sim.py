@@ -208,6 +208,8 @@ def format_table(runs: list, columns=COLUMNS) -> str:
     for r in runs:
         host = r.get("host", {})
         row = {**r, **{key: host[key] for _, key, _ in HOST_COLUMNS if key in host}}
+        if r.get("crashed"):
+            row["cache"] = f"{r['cache']} CRASHED"
         rows.append([fmt.format(row.get(key)) if row.get(key) is not None else "-"
                      for _, key, fmt in columns])
     widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
@@ -331,7 +333,17 @@ def _run(args) -> int:
         print(format_table(result["runs"]))
         for line in format_ratios(ratios):
             print(line)
+    report_crashes(result["runs"])
     return 0
+
+
+def report_crashes(runs) -> None:
+    """One line on stderr per run whose server SGLang crashed (in the JSON: ``crashed``)."""
+    for r in runs:
+        if r.get("crashed"):
+            where = f"{r.get('router', '')} {r['cache']}@{r.get('load', r.get('rate_scale'))}"
+            print(f"serve-sim: {where.strip()}: the server crashed: {r['crashed']}; its "
+                  "figures cover only what ran before", file=sys.stderr)
 
 
 def format_ratios(ratios) -> list:
@@ -374,4 +386,5 @@ def _run_cluster(args, requests, setup, sizes, caches, loads, routers, options,
               f"of {sizes.describe()}; model {setup.spec.name}; "
               f"{setup.time_model.describe()}")
         print(format_table(runs, CLUSTER_COLUMNS))
+    report_crashes(runs)
     return 0

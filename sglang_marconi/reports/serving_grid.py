@@ -29,8 +29,10 @@ KEYS = ("ttft_p50_s", "ttft_p95_s", "flops_saved_fraction", "busy_fraction",
 def rows(cells: list) -> list:
     """``cells``: ``{"model", "workload", "memory", "loop", "seed", "runs": [serve-sim
     run, ...]}``. One row per (model, workload, memory, loop, load, cache): the median of
-    each of ``KEYS`` over the seeds, ``p95_vs_stock`` (the median over seeds of the ratio
-    to stock's P95 in the same seed), ``overloaded`` as "k/n" seeds, ``seeds``."""
+    each of ``KEYS`` over the seeds whose server did not crash (None if every one did),
+    ``p95_vs_stock`` (the median over seeds of the ratio to stock's P95 in the same seed,
+    over the seeds where neither crashed), ``overloaded`` and ``crashed`` as "k/n" seeds,
+    ``seeds``."""
     groups = defaultdict(list)   # row key -> [(seed, run)]
     stock = {}                   # (model, workload, memory, loop, seed, load) -> P95
     for cell in cells:
@@ -38,18 +40,20 @@ def rows(cells: list) -> list:
             key = (cell["model"], cell["workload"], cell["memory"], cell["loop"],
                    run["load"], run["cache"])
             groups[key].append((cell["seed"], run))
-            if run["cache"] == "stock":
+            if run["cache"] == "stock" and not run.get("crashed"):
                 stock[key[:4] + (cell["seed"], run["load"])] = run["ttft_p95_s"]
     out = []
     for key, seeded in groups.items():
         model, workload, memory, loop, load, cache = key
         row = dict(zip(("model", "workload", "memory", "loop", "load", "cache"), key))
+        ran = [(seed, r) for seed, r in seeded if not r.get("crashed")]
         for k in KEYS:
-            row[k] = statistics.median(r[k] for _, r in seeded)
-        ratios = [r["ttft_p95_s"] / stock[key[:4] + (seed, load)] for seed, r in seeded
+            row[k] = statistics.median(r[k] for _, r in ran) if ran else None
+        ratios = [r["ttft_p95_s"] / stock[key[:4] + (seed, load)] for seed, r in ran
                   if stock.get(key[:4] + (seed, load))]
         row["p95_vs_stock"] = statistics.median(ratios) if ratios else None
-        row["overloaded"] = f"{sum(bool(r['overloaded']) for _, r in seeded)}/{len(seeded)}"
+        row["overloaded"] = f"{sum(bool(r['overloaded']) for _, r in ran)}/{len(ran)}"
+        row["crashed"] = f"{len(seeded) - len(ran)}/{len(seeded)}"
         row["seeds"] = len(seeded)
         out.append(row)
     order = {"stock": 0, "stock-python": 1, "marconi": 2, "marconi+": 3}
@@ -63,6 +67,12 @@ def verdicts(grid_rows: list) -> list:
     unified); a target with no rows is left out."""
     out = []
     main = [r for r in grid_rows if r["memory"] == TARGET_MEMORY and r["loop"] == TARGET_LOOP]
+    died = [r for r in main if r["cache"] in ("marconi", "marconi+")
+            and not r["crashed"].startswith("0/")]
+    if died:
+        out.append(("marconi and marconi+ never crash the server", "MISS",
+                    ", ".join(f"{r['cache']} {r['model']} {r['workload']} load {r['load']:g}: "
+                              f"{r['crashed']} seeds" for r in died)))
     for model in sorted({r["model"] for r in main}):
         for workload in sorted({r["workload"] for r in main if r["model"] == model}):
             mine = [r for r in main if r["model"] == model and r["workload"] == workload
@@ -88,14 +98,20 @@ def verdicts(grid_rows: list) -> list:
 
 def markdown(grid_rows: list, command: str, note: str = "") -> str:
     header = ["model", "workload", "memory", "loop", "load", "cache", "TTFT p50 s", "p95 s",
-              "p95 / stock", "FLOPs saved", "busy", "overloaded", "cpu crit", "gc max s",
-              "bk ms max", "bk s total"]
+              "p95 / stock", "FLOPs saved", "busy", "overloaded", "crashed", "cpu crit",
+              "gc max s", "bk ms max", "bk s total"]
+
+    def num(x, fmt):
+        return "-" if x is None else fmt(x)
+
     body = [[r["model"], r["workload"], r["memory"], r["loop"], f"{r['load']:g}", r["cache"],
-             f"{r['ttft_p50_s']:.3f}", f"{r['ttft_p95_s']:.3f}",
-             "-" if r["p95_vs_stock"] is None else times(r["p95_vs_stock"]),
-             pct(r["flops_saved_fraction"]), pct(r["busy_fraction"]), r["overloaded"],
-             pct(r["cpu_critical_fraction"]), f"{r['gc_pause_s_max']:.3f}",
-             f"{r['bookkeeping_ms_per_step_max']:.1f}", f"{r['bookkeeping_s_total']:.2f}"]
+             num(r["ttft_p50_s"], "{:.3f}".format), num(r["ttft_p95_s"], "{:.3f}".format),
+             num(r["p95_vs_stock"], times),
+             num(r["flops_saved_fraction"], pct), num(r["busy_fraction"], pct),
+             r["overloaded"], r["crashed"], num(r["cpu_critical_fraction"], pct),
+             num(r["gc_pause_s_max"], "{:.3f}".format),
+             num(r["bookkeeping_ms_per_step_max"], "{:.1f}".format),
+             num(r["bookkeeping_s_total"], "{:.2f}".format)]
             for r in grid_rows]
     lines = [f"Command: `{command}`", ""]
     if note:

@@ -35,7 +35,7 @@ from sglang_marconi.serving.arrivals import arrivals_for_load, arrivals_scaled, 
 from sglang_marconi.serving.metrics import request_stats
 from sglang_marconi.serving.router import make_router, text_for_input_ids, tokens_within_chars
 from sglang_marconi.serving.router_marconi import COST_ROUTERS, make_cost_router
-from sglang_marconi.serving.scheduler import ServingScheduler
+from sglang_marconi.serving.scheduler import ServerCrash, ServingScheduler, stdout_discarded
 
 
 @dataclass
@@ -118,18 +118,30 @@ class Cluster:
         return routed
 
     def run(self, requests, arrivals, progress: Optional[Callable] = None) -> None:
+        """Routes and runs every request; stops when a replica's SGLang scheduler crashes
+        (``crash`` names the replica and what it raised)."""
         order = sorted(range(len(requests)), key=lambda i: (arrivals[i], i))
         with contextlib.ExitStack() as stack:
             for sched in self.replicas:
                 stack.enter_context(sched.gc)
-            for i in order:
-                self.advance(arrivals[i])
-                self.route(arrivals[i], requests[i])
-                if progress is not None:
-                    progress(1)
-            for sched in self.replicas:
-                while not sched.done():
-                    sched.step()
+            stack.enter_context(stdout_discarded())
+            try:
+                for i in order:
+                    self.advance(arrivals[i])
+                    self.route(arrivals[i], requests[i])
+                    if progress is not None:
+                        progress(1)
+                for sched in self.replicas:
+                    while not sched.done():
+                        sched.step()
+            except ServerCrash:
+                pass
+
+    @property
+    def crash(self) -> Optional[str]:
+        """The first crashed replica and what its scheduler raised (None: none crashed)."""
+        return next((f"replica {k}: {sched.crash}" for k, sched in enumerate(self.replicas)
+                     if sched.crash is not None), None)
 
     @property
     def records(self) -> list:
@@ -195,6 +207,7 @@ def summarize_cluster(cluster: Cluster, spec, cache: str, router: str, load,
     return {
         "router": router,
         "cache": cache,
+        "crashed": cluster.crash,
         "replicas": len(cluster.replicas),
         "load": load,
         **stats,

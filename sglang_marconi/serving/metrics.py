@@ -97,6 +97,8 @@ def summarize(sched, spec, cache: str, load, wall_s: float) -> dict:
     return {
         "cache": cache,
         "load": load,
+        # the server died (SGLang's scheduler raised): the figures cover what ran until then
+        "crashed": sched.crash,
         **request_stats(recs, spec, span),
         "gpu_busy_fraction": sum(s.gpu_s for s in steps) / span,
         "busy_fraction": busy_in_window(steps, min(arrivals, default=0.0),

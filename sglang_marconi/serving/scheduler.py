@@ -60,7 +60,10 @@ overlap switch (``SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP``) is off, as by de
 """
 from __future__ import annotations
 
+import contextlib
 import heapq
+import os
+import sys
 import types
 from collections import Counter, deque
 from dataclasses import dataclass
@@ -79,6 +82,44 @@ from sglang_marconi.driver.replay import _output_token, sampling_params
 from sglang_marconi.harness.ab import instrument, instrument_host
 from sglang_marconi.harness.timing import GCPauses
 from sglang_marconi.serving.clock import CacheTimer
+
+
+# the first words of the RuntimeErrors SGLang's allocators raise when a batch's memory is
+# not there (mem_cache/allocation.py: alloc_token_slots, alloc_paged_token_slots_extend,
+# the decode allocation); the scheduler process, and so the server, exits on them
+SGLANG_OOM_PREFIXES = ("Prefill out of memory", "Decode out of memory", "Out of memory")
+
+
+class ServerCrash(RuntimeError):
+    """SGLang's scheduler raised where a real server's scheduler process would exit."""
+
+
+def crash_description(exc: BaseException, now: float, completed: int) -> Optional[str]:
+    """One line for an SGLang allocation failure (None for any other exception)."""
+    first = str(exc).strip().splitlines()
+    if not isinstance(exc, RuntimeError) or not first or not first[0].startswith(
+            SGLANG_OOM_PREFIXES):
+        return None
+    detail = "; ".join(line.strip() for line in first[1:3])
+    return (f"SGLang raised '{first[0]}' ({detail}) at t={now:.1f} s, after "
+            f"{completed:,} requests completed")
+
+
+@contextlib.contextmanager
+def stdout_discarded():
+    """File descriptor 1 goes to the null device: before raising out of memory SGLang
+    prints the whole radix tree (``pretty_print``; the compiled tree core writes to the
+    descriptor itself), which would bury the table or break ``--json``."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 @dataclass(frozen=True)
@@ -179,6 +220,7 @@ class ServingScheduler:
         self.steps: List[StepRecord] = []
         self.retractions = 0
         self.ingested = self.completed = 0  # requests arrived / finished or aborted
+        self.crash: Optional[str] = None      # what SGLang raised, when the server died
 
     # -- the loops ----------------------------------------------------------------------
     def done(self) -> bool:
@@ -187,10 +229,20 @@ class ServingScheduler:
                     or (self.last_batch is not None and not self.last_batch.is_empty()))
 
     def step(self) -> None:
-        if self.cfg.overlap:
-            self._step_overlap()
-        else:
-            self._step_normal()
+        """One loop iteration. An SGLang allocation failure (the scheduler process of a
+        real server exits on it) is recorded in ``crash`` and raised as ``ServerCrash``."""
+        if self.crash is not None:
+            raise ServerCrash(self.crash)
+        try:
+            if self.cfg.overlap:
+                self._step_overlap()
+            else:
+                self._step_normal()
+        except RuntimeError as exc:
+            self.crash = crash_description(exc, self.now, self.completed)
+            if self.crash is None:
+                raise
+            raise ServerCrash(self.crash) from exc
 
     def _wait_for_arrival(self) -> None:
         """Nothing to run, nothing in flight: the clock moves to the next arrival."""
@@ -285,10 +337,15 @@ class ServingScheduler:
         return self.ingested - self.completed
 
     def run(self, progress=None) -> None:
+        """Steps until every request is done, or until SGLang crashes the server
+        (``crash`` says how; the requests left are neither finished nor aborted)."""
         reported = 0
-        with self.gc:
+        with self.gc, stdout_discarded():
             while not self.done():
-                self.step()
+                try:
+                    self.step()
+                except ServerCrash:
+                    return
                 if progress is not None and self.completed != reported:
                     progress(self.completed - reported)
                     reported = self.completed
