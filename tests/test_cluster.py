@@ -32,7 +32,7 @@ def trace_requests(mooncake_path):
     return reqs, [r.timestamp for r in trace.requests]
 
 
-def _setup(spec, requests, timestamps, *, kv=400_000, slots=24, running=4):
+def _setup(spec, requests, timestamps, *, kv=400_000, slots=24, running=4, policy="fcfs"):
     from sglang_marconi.driver.pools import PoolConfig
     from sglang_marconi.serving.gpu_model import GpuTimeModel, preset
     from sglang_marconi.serving.run import ServeSetup
@@ -41,7 +41,8 @@ def _setup(spec, requests, timestamps, *, kv=400_000, slots=24, running=4):
     longest = max(len(r.input_ids) + max(1, r.output_len) for r in requests)
     pools = PoolConfig(kv_tokens=kv, mamba_slots=slots, max_context_len=longest + 128,
                        max_running_requests=running)
-    sched = SchedulerConfig(max_running_requests=running, measure_bookkeeping=False)
+    sched = SchedulerConfig(max_running_requests=running, measure_bookkeeping=False,
+                            schedule_policy=policy)
     return ServeSetup(spec=spec, time_model=GpuTimeModel(spec, preset("h200")), pools=pools,
                       sched=sched, timestamps=list(timestamps))
 
@@ -57,7 +58,9 @@ def test_one_replica_is_serve_sim_step_for_step(spec, trace_requests, cache):
     from sglang_marconi.serving.run import run_serving
 
     reqs, ts = trace_requests
-    setup = _setup(spec, reqs, ts)
+    # lpm: its in-queue prefix grouping gives these 60 requests hits (fcfs admits the
+    # requests sharing a prefix in one batch, and none hits)
+    setup = _setup(spec, reqs, ts, policy="lpm")
     single, sched = run_serving(cache, reqs, setup, load=0.9)
     summary, cluster = run_cluster(cache, "cache_aware", reqs, setup, 1, load=0.9)
     (replica,) = cluster.replicas

@@ -125,7 +125,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "overlap loop, SGLang's default; also 1 tracking slot per request "
                         "instead of 2")
     p.add_argument("--schedule-policy", choices=("lpm", "fcfs", "dfs-weight", "lof", "random"),
-                   default="lpm")
+                   default="fcfs", help="the waiting queue's order (default fcfs, SGLang "
+                   "0.5.23's; lpm: longest prefix match first, serve-sim's default until "
+                   "2026-12-02)")
     a = parser.add_argument_group("arrivals")
     a.add_argument("--load", default="0.8", help="offered loads, e.g. 0.5,0.8,0.95: the GPU work of the trace with "
                         "no cache hit (prefill, and decode at the largest batch the pools "

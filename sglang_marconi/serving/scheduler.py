@@ -20,7 +20,7 @@ Only this outer loop is written here, in SGLang's order and
 with the line numbers of the installed 0.5.23 cited at each part; every decision inside
 it is SGLang's own code, called on the real cache and pools of ``driver.pools``:
 
-- ``SchedulePolicy.calc_priority`` (queue order: fcfs, or lpm for a radix cache);
+- ``SchedulePolicy.calc_priority`` (queue order: fcfs, SGLang's default, or lpm...);
 - ``PrefillAdder`` (admission: chunked prefill, the token budget with
   ``new_token_ratio``, Mamba-slot budgets, ``max_running_requests``, ``max_prefill_tokens``;
   ``add_chunked_req``, ``add_one_req``);
@@ -127,7 +127,7 @@ class SchedulerConfig:
     max_running_requests: int
     chunked_prefill_size: int = 8192
     max_prefill_tokens: int = 16384          # SGLang's --max-prefill-tokens default
-    schedule_policy: str = "lpm"             # --schedule-policy (SGLang's default: fcfs)
+    schedule_policy: str = "fcfs"            # --schedule-policy (SGLang 0.5.23's default)
     measure_bookkeeping: bool = True         # add the cache's measured CPU time to the clock
     bookkeeping_cpu_time: bool = False       # measure it as thread CPU time, not wall time
     mamba_chunk_size: int = 64

@@ -21,8 +21,10 @@ from sglang_marconi.serving.scheduler import SchedulerConfig  # noqa: E402
 
 # measured, not deterministic: left out of the comparison
 DROP = ("wall_s", "gc_collections", "gc_pause_s_max", "gc_pause_s_total")
+# the golden was written when serve-sim's default queue order was lpm: pinned here
 CLI_ARGS = ("--model", "paper-7b", "--limit", "60", "--no-progress", "--bookkeeping", "off",
-            "--memory", "unified", "--cache-gb", "20", "--rate-scale", "0.02", "--json")
+            "--memory", "unified", "--cache-gb", "20", "--rate-scale", "0.02", "--json",
+            "--schedule-policy", "lpm")
 
 
 def retraction_requests():
