@@ -234,6 +234,26 @@ class StockSGLangCache:
     def _finished(self, full: np.ndarray, hit_node: _Node) -> None:
         """The request is released (after its final insert and unlock)."""
 
+    # ---- hooks of the host tier (``policy.stock_host``) ---------------------------------------
+    def _is_leaf(self, node: _Node) -> bool:
+        """A leaf the FULL walk may evict (besides not the root): no children, unlocked."""
+        return not node.children and node.lock == 0
+
+    def _evict_leaf(self, node: _Node) -> None:
+        """Evict a leaf the FULL or MAMBA walk chose: delete it with its state."""
+        self._delete(node)
+
+    def _insert_walked(self, node: _Node) -> None:
+        """An insert walks through ``node`` (after any split)."""
+
+    def _insert_ended(self, node: _Node) -> None:
+        """An insert ended on ``node`` (after its state is set and stamped)."""
+
+    @staticmethod
+    def _device_kv(node: _Node) -> int:
+        """KV tokens ``node`` holds in the device pool."""
+        return len(node.key)
+
     # ---- recency ----------------------------------------------------------------------------
     def _tick(self) -> float:
         t = self._clock
@@ -245,16 +265,15 @@ class StockSGLangCache:
         self._maybe_leaf(node)
 
     def _maybe_leaf(self, node: _Node) -> None:
-        if node is not self.root and not node.children and node.lock == 0:
+        if node is not self.root and self._is_leaf(node):
             heapq.heappush(self._leaves, (node.stamp, node.id, node))
             if len(self._leaves) > 2 * self.num_nodes + 1024:
                 self._leaves = [e for e in self._leaves if self._is_victim(e)]
                 heapq.heapify(self._leaves)
 
-    @staticmethod
-    def _is_victim(entry) -> bool:
+    def _is_victim(self, entry) -> bool:
         stamp, _, node = entry
-        return node.alive and not node.children and node.lock == 0 and node.stamp == stamp
+        return node.alive and node.stamp == stamp and self._is_leaf(node)
 
     # ---- locks (the running request's path) -------------------------------------------------
     def _lock(self, node: _Node) -> None:
@@ -337,6 +356,7 @@ class StockSGLangCache:
             m = self._common_pages(child.key, tokens[pos:length])
             if m < len(child.key):
                 child = self._split(child, m)
+            self._insert_walked(child)
             node, pos = child, pos + m
         if pos < length:
             leaf = self._new_node(next(self._ids), node, tokens[pos:length].copy())
@@ -350,6 +370,7 @@ class StockSGLangCache:
             self._stamp(leaf, self._tick())
             self._tick()  # its creation time
             self._state_inserted(leaf)
+            self._insert_ended(leaf)
             return leaf, False
         existed = node.state
         if not existed:
@@ -358,6 +379,7 @@ class StockSGLangCache:
             self.stats.states_admitted += 1
         self._stamp(node, self._tick())
         self._state_inserted(node)
+        self._insert_ended(node)
         return node, existed
 
     def _evict_one(self) -> bool:
@@ -366,7 +388,7 @@ class StockSGLangCache:
         while heap:
             entry = heapq.heappop(heap)
             if self._is_victim(entry):
-                self._delete(entry[2])
+                self._evict_leaf(entry[2])
                 return True
         return False
 
@@ -401,8 +423,8 @@ class StockSGLangCache:
             heapq.heappush(heap, entry)
         if victim is None:
             return False
-        if not victim.children and victim.lock == 0:
-            self._delete(victim)
+        if self._is_leaf(victim):
+            self._evict_leaf(victim)
         else:
             victim.state = False
             self.tree_states -= 1
@@ -531,7 +553,7 @@ class StockSGLangCache:
             assert x.parent.children.get(self._child_key(x.key, 0)) is x, x
             assert x.depth == x.parent.depth + len(x.key), x
             assert x.lock >= 0, x
-            kv += len(x.key)
+            kv += self._device_kv(x)
             states += x.state
         assert (kv, states, nodes) == (self.tree_kv_tokens, self.tree_states, self.num_nodes)
         if self.static:

@@ -1,0 +1,335 @@
+"""``StockHiCache``: stock SGLang 0.5.23's cache with its host tier (HiCache,
+``--enable-hierarchical-cache``) as a simulator: ``StockSGLangCache``'s static pools plus a
+KV host pool and a state host pool, write_through.
+
+What SGLang does and this models (paths relative to the installed
+``sglang/srt/mem_cache/``; ``utc`` = ``unified_cache/unified_tree_core.py``):
+
+- Host pools (``hybrid_cache/hybrid_pool_assembler.py`` ``_split_hicache_size``): the host
+  bytes are split between the KV and the state host pools in proportion to the device
+  pools' bytes, so each holds ``ratio`` times its device pool's slots (``HostPools``).
+- write_through backup (``utc`` ``_finish_insert_walk_node``, ``_should_backup_after_insert``,
+  ``_build_backup_kv_action``; ``unified_radix_cache.py`` ``_execute_kv_backup``): every
+  node an insert walks through or creates is backed up on its first insert (threshold 1),
+  its not yet backed-up ancestors first, KV and the node's device state together; a node
+  already backed up whose insert adds a state has the state backed up (the incremental
+  backup). When the KV host pool is short, host leaves are evicted first; a backup that
+  still does not fit is not made (and the rest of its chain with it).
+- Device eviction (``utc`` ``evict_device_leaf``, 1788-1823): a device leaf is a node whose
+  KV is on the device and none of whose children's is (``_is_device_leaf``); the FULL walk
+  (KV shortage, least recently stamped first) and the MAMBA walk (state shortage, a leaf)
+  demote a backed-up leaf (device KV and state freed, the node stays with its host copy)
+  and delete one that is not backed up. A tombstoned inner state stays on host if it was
+  backed up.
+- Host eviction (``components/full.py`` ``drive_host_eviction``, ``utc`` ``_evict_host_leaf``):
+  host leaves (device-evicted, backed up, no children, unlocked), least recently stamped
+  first (SGLang's LRU over ``last_access_time``); the node goes with its host KV and host
+  state, and a parent left without children becomes a host leaf.
+- Match (``utc`` ``_match_prefix_helper``): the walk goes on through device-evicted nodes
+  that are backed up; the hit ends at the deepest node holding a state on either tier
+  (the MAMBA validator with host values), the device hit at the deepest node whose KV and
+  state are both on the device. What lies between is the host hit: the scheduler's
+  ``init_load_back`` loads the evicted nodes' KV (making device room first, the path
+  locked) and the state at the hit's end when only the host holds it. Its FLOPs saved
+  count as a device hit's; ``HostStats`` adds the bytes loaded.
+- An insert that walks through a device-evicted node restores its device KV from the
+  request's own KV (``_unevict_node_on_insert``).
+
+Not modelled: write_back and write_through_selective (refused), the L3 store, host locks
+and the in-flight write-through lock (the replay acknowledges every backup before the next
+request, so neither changes a decision there), the state host pool's own LRU beyond what
+a full pool needs (on the bundled trace it never fills), the unified buffer (SGLang's host
+tier is built over the static pools only here, as ``ab`` builds it), marconi / marconi+.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from sglang_marconi.policy.stock import StockSGLangCache, _Node
+
+WRITE_POLICIES = ("write_through",)  # what this simulator builds
+
+
+@dataclass(frozen=True)
+class HostPools:
+    """The host tier's two pools: KV token slots and state slots."""
+
+    kv_tokens: int
+    state_slots: int
+    write_policy: str = "write_through"
+
+    @classmethod
+    def from_ratio(cls, ratio: float, kv_tokens: int, state_slots: int,
+                   write_policy: str = "write_through") -> "HostPools":
+        """``ratio`` host slots per device slot, for both pools (SGLang's split of
+        ``--hicache-size``, as ``cli.host_flags.host_summary`` counts them)."""
+        return cls(int(kv_tokens * ratio), int(state_slots * ratio), write_policy)
+
+
+@dataclass
+class HostStats:
+    """What the host tier did (``ab``'s ``host`` section, the same names)."""
+
+    hit_tokens: int = 0          # tokens of hits that continued on host
+    flops_saved: float = 0.0     # of the FLOPs saved, what the host segments added
+    kv_tokens_loaded: int = 0
+    states_loaded: int = 0
+    kv_tokens_backed_up: int = 0
+    states_backed_up: int = 0
+    kv_tokens_evicted: int = 0   # from the host pool
+    states_evicted: int = 0      # from the state host pool (a full state pool only)
+    bytes_loaded: float = 0.0
+    bytes_backed_up: float = 0.0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class _HostNode(_Node):
+    __slots__ = ("dev", "hkv", "hstate")
+
+    def __init__(self, node_id: int, parent, key: np.ndarray):
+        super().__init__(node_id, parent, key)
+        self.dev = True      # KV on the device (False: evicted from it)
+        self.hkv = False     # KV on the host (backed up)
+        self.hstate = False  # the state on the host
+
+
+class StockHiCache(StockSGLangCache):
+    """Stock SGLang with HiCache write_through, static pools, one request at a time."""
+
+    def __init__(self, spec, *, host: HostPools, kv_tokens: int, state_slots: int, **kwargs):
+        if host.write_policy not in WRITE_POLICIES:
+            raise ValueError(f"host tier: write policy {host.write_policy!r} is not built "
+                             f"(built: {', '.join(WRITE_POLICIES)})")
+        if host.kv_tokens < 0 or host.state_slots < 0:
+            raise ValueError("host tier: pool sizes must be >= 0")
+        super().__init__(spec, None, kv_tokens=kv_tokens, state_slots=state_slots, **kwargs)
+        self.host = host
+        self.host_stats = HostStats()
+        self.host_kv_tokens = 0   # KV tokens the host pool holds
+        self.host_states = 0      # states the host pool holds
+        self._host_leaves: set = set()
+
+    @staticmethod
+    def _new_node(node_id: int, parent, key: np.ndarray) -> _HostNode:
+        return _HostNode(node_id, parent, key)
+
+    # ---- device side ------------------------------------------------------------------------
+    def _is_leaf(self, node) -> bool:
+        return (node.dev and node.lock == 0
+                and not any(c.dev for c in node.children.values()))
+
+    @staticmethod
+    def _device_kv(node) -> int:
+        return len(node.key) if node.dev else 0
+
+    def _evict_leaf(self, node) -> None:
+        """A device leaf: demoted when the host holds its KV, deleted otherwise."""
+        if not node.hkv and not node.children:
+            self._delete(node)
+            return
+        node.dev = False  # demote (or, unbacked over host-only children, drop its KV)
+        self.tree_kv_tokens -= len(node.key)
+        st = self.stats
+        st.evictions += 1
+        st.kv_tokens_evicted += len(node.key)
+        if node.state:
+            node.state = False
+            self.tree_states -= 1
+            st.states_evicted += 1
+        self._host_leaf_update(node)
+        self._maybe_leaf(node.parent)
+
+    def _delete(self, node) -> None:
+        super()._delete(node)
+        self._host_leaf_update(node.parent)
+
+    def _split(self, child, m: int):
+        mid = super()._split(child, m)
+        mid.dev, mid.hkv = child.dev, child.hkv
+        return mid
+
+    def _child_added(self, node) -> None:
+        self._host_leaf_update(node)
+
+    # ---- the match and the load-back ----------------------------------------------------------
+    def _match(self, key: np.ndarray):
+        """(hit node, KV match length): the walk over both tiers, then the load-back of the
+        part past the device hit."""
+        node, pos, best, device_best, kv = self.root, 0, self.root, self.root, 0
+        while pos < len(key):
+            child = node.children.get(self._child_key(key, pos))
+            if child is None or not (child.dev or child.hkv):
+                break
+            m = self._common_pages(child.key, key[pos:])
+            kv += m
+            if m < len(child.key):
+                self._split(child, m)
+                break
+            node = child
+            if node.state or node.hstate:
+                best = node
+            if node.state and node.dev:
+                device_best = node
+            pos += m
+        self._match_end(best)
+        t = self._tick()
+        x = best
+        while x is not self.root:
+            self._stamp(x, t)
+            t -= 0.00001
+            x = x.parent
+        if best is not device_best:
+            self._load_back(best, device_best)
+        return best, kv
+
+    def _match_end(self, best) -> None:
+        if best is not self.root and best.state:
+            self._mru_state(best)
+
+    def _load_back(self, best, device_best) -> None:
+        """``init_load_back``: the evicted nodes' KV and the state at ``best`` to device."""
+        path, x = [], best
+        while x is not self.root and not x.dev:
+            path.append(x)
+            x = x.parent
+        tokens = sum(len(n.key) for n in path)
+        self._lock(best)
+        self._make_room_kv(tokens)
+        for n in path:
+            n.dev = True
+            self.tree_kv_tokens += len(n.key)
+            self._host_leaves.discard(n)
+        loaded_state = not best.state
+        if loaded_state:
+            self._make_room_states(1)
+            best.state = True
+            self.tree_states += 1
+            self._mru_state(best)
+        self._unlock(best)
+        hs = self.host_stats
+        hs.hit_tokens += best.depth - device_best.depth
+        hs.flops_saved += self.spec.flops_saved(best.depth, device_best.depth)
+        hs.kv_tokens_loaded += tokens
+        # a state only the host holds is copied twice: into the node's device slot and
+        # into the request's own slot (``components/mamba.py`` build_hicache_transfers,
+        # LOAD_BACK: both read its host value)
+        states = 2 * loaded_state
+        hs.states_loaded += states
+        hs.bytes_loaded += tokens * self.kv_bytes + states * self.state_bytes
+
+    # ---- inserts and backups ------------------------------------------------------------------
+    def _insert_walked(self, node) -> None:
+        if not node.dev:  # ``_unevict_node_on_insert``: the request's KV takes its place
+            node.dev = True
+            self.tree_kv_tokens += len(node.key)
+            self._host_leaves.discard(node)
+
+    def _insert_ended(self, node) -> None:
+        """write_through: back up the inserted path top-down (unbacked nodes with their
+        state; the end node's new state when its KV is backed up already)."""
+        chain, x = [], node
+        while x is not self.root:
+            chain.append(x)
+            x = x.parent
+        for x in reversed(chain):
+            if not x.hkv:
+                if not self._host_room_kv(len(x.key)):
+                    return
+                x.hkv = True
+                self.host_kv_tokens += len(x.key)
+                self.host_stats.kv_tokens_backed_up += len(x.key)
+                self.host_stats.bytes_backed_up += len(x.key) * self.kv_bytes
+                self._backup_state(x)
+        self._backup_state(node)
+
+    def _backup_state(self, node) -> None:
+        if node.state and not node.hstate and self._host_room_state():
+            node.hstate = True
+            self.host_states += 1
+            self.host_stats.states_backed_up += 1
+            self.host_stats.bytes_backed_up += self.state_bytes
+
+    # ---- host side ----------------------------------------------------------------------------
+    def _host_leaf_update(self, node) -> None:
+        if node is not self.root and node.alive and not node.dev and node.hkv \
+                and not node.children:
+            self._host_leaves.add(node)
+        else:
+            self._host_leaves.discard(node)
+
+    def _host_room_kv(self, tokens: int) -> bool:
+        """Evict host leaves, least recently stamped first, until ``tokens`` fit."""
+        short = self.host_kv_tokens + tokens - self.host.kv_tokens
+        if short <= 0:
+            return True
+        heap = [(n.stamp, n.id, n) for n in self._host_leaves if n.lock == 0]
+        heapq.heapify(heap)
+        while short > 0 and heap:
+            _, _, node = heapq.heappop(heap)
+            if node not in self._host_leaves:
+                continue
+            short -= len(node.key)
+            parent = node.parent
+            self._evict_host_leaf(node)
+            if parent in self._host_leaves and parent.lock == 0:  # a host leaf now
+                heapq.heappush(heap, (parent.stamp, parent.id, parent))
+        return short <= 0
+
+    def _host_room_state(self) -> bool:
+        """A free state host slot: the least recent host-only state is freed when full."""
+        if self.host_states < self.host.state_slots:
+            return True
+        victims = [n for n in self._host_leaves if n.hstate and not n.state]
+        if not victims:
+            return False
+        victim = min(victims, key=lambda n: (n.stamp, n.id))
+        victim.hstate = False
+        self.host_states -= 1
+        self.host_stats.states_evicted += 1
+        return True
+
+    def _evict_host_leaf(self, node) -> None:
+        node.alive = False
+        self._host_leaves.discard(node)
+        parent = node.parent
+        del parent.children[self._child_key(node.key, 0)]
+        self.num_nodes -= 1
+        self.host_kv_tokens -= len(node.key)
+        self.host_stats.kv_tokens_evicted += len(node.key)
+        if node.hstate:
+            self.host_states -= 1
+        if parent is not self.root and not (parent.dev or parent.hkv or parent.children):
+            self._evict_host_leaf_dead(parent)  # a dead node (unbacked, dropped) goes too
+        else:
+            self._host_leaf_update(parent)
+
+    def _evict_host_leaf_dead(self, node) -> None:
+        node.alive = False
+        parent = node.parent
+        del parent.children[self._child_key(node.key, 0)]
+        self.num_nodes -= 1
+        self._host_leaf_update(parent)
+
+    # ---- checks -------------------------------------------------------------------------------
+    def check(self) -> None:
+        super().check()
+        host_kv = host_states = 0
+        stack = list(self.root.children.values())
+        while stack:
+            x = stack.pop()
+            stack.extend(x.children.values())
+            assert x.dev or x.hkv or x.children, x  # a dead node keeps only host children
+            assert not x.dev or x.parent is self.root or x.parent.dev, x  # device: rooted
+            assert not x.hkv or x.parent is self.root or x.parent.hkv, x  # host: rooted
+            assert not x.state or x.dev, x
+            host_kv += len(x.key) if x.hkv else 0
+            host_states += x.hstate
+            assert (x in self._host_leaves) == (not x.dev and x.hkv and not x.children), x
+        assert (host_kv, host_states) == (self.host_kv_tokens, self.host_states)
+        assert self.host_kv_tokens <= self.host.kv_tokens
+        assert self.host_states <= self.host.state_slots
