@@ -235,6 +235,13 @@ class StockSGLangCache:
         """The request is released (after its final insert and unlock)."""
 
     # ---- hooks of the host tier (``policy.stock_host``) ---------------------------------------
+    def _cow_slot(self, hit_node: _Node) -> None:
+        """The request's own state slot for its hit's copy (the hit's path locked)."""
+        self._lock(hit_node)
+        self._make_room_states(1)
+        self._unlock(hit_node)
+        self._run.slots += 1
+
     def _is_leaf(self, node: _Node) -> bool:
         """A leaf the FULL walk may evict (besides not the root): no children, unlocked."""
         return not node.children and node.lock == 0
@@ -242,6 +249,9 @@ class StockSGLangCache:
     def _evict_leaf(self, node: _Node) -> None:
         """Evict a leaf the FULL or MAMBA walk chose: delete it with its state."""
         self._delete(node)
+
+    def _state_tombstoned(self, node: _Node) -> None:
+        """The MAMBA walk freed the device state of ``node`` and kept its KV."""
 
     def _insert_walked(self, node: _Node) -> None:
         """An insert walks through ``node`` (after any split)."""
@@ -429,6 +439,7 @@ class StockSGLangCache:
             victim.state = False
             self.tree_states -= 1
             self.stats.states_evicted += 1
+            self._state_tombstoned(victim)
         return True
 
     def _delete(self, node: _Node) -> None:
@@ -471,10 +482,7 @@ class StockSGLangCache:
         run = self._run
         working = hit_node is not self.root
         if working:  # copy-on-write of the hit's state into the request's slot
-            self._lock(hit_node)
-            self._make_room_states(1)
-            self._unlock(hit_node)
-            run.slots += 1
+            self._cow_slot(hit_node)
         locked = hit_node
         self._lock(locked)
         tracking = False

@@ -63,10 +63,13 @@ class HostPools:
 
     @classmethod
     def from_ratio(cls, ratio: float, kv_tokens: int, state_slots: int,
-                   write_policy: str = "write_through") -> "HostPools":
-        """``ratio`` host slots per device slot, for both pools (SGLang's split of
-        ``--hicache-size``, as ``cli.host_flags.host_summary`` counts them)."""
-        return cls(int(kv_tokens * ratio), int(state_slots * ratio), write_policy)
+                   write_policy: str = "write_through", page: int = 64) -> "HostPools":
+        """``ratio`` host slots per device slot (SGLang's split of ``--hicache-size``),
+        sized as SGLang sizes a host pool (``pool_host/base.py`` 226-229, ``pool_host/
+        mamba.py`` 171-174): ``int(device slots x ratio)`` floored to its page, plus one
+        page (KV: ``page`` tokens; states: one slot)."""
+        kv = (int(kv_tokens * ratio) // page + 1) * page
+        return cls(kv, int(state_slots * ratio) + 1, write_policy)
 
 
 @dataclass
@@ -113,6 +116,10 @@ class StockHiCache(StockSGLangCache):
         self.host_kv_tokens = 0   # KV tokens the host pool holds
         self.host_states = 0      # states the host pool holds
         self._host_leaves: set = set()
+        self._slot_loaded = False  # the load-back allocated the running request's slot
+        # nodes whose state only the host holds, least recently demoted first (the MAMBA
+        # component's host LRU list)
+        self._host_state_lru: dict = {}
 
     @staticmethod
     def _new_node(node_id: int, parent, key: np.ndarray) -> _HostNode:
@@ -141,8 +148,17 @@ class StockHiCache(StockSGLangCache):
             node.state = False
             self.tree_states -= 1
             st.states_evicted += 1
+            self._state_tombstoned(node)
         self._host_leaf_update(node)
         self._maybe_leaf(node.parent)
+
+    def _state_tombstoned(self, node) -> None:
+        if node.hstate:  # only the host holds it now: the state host pool's LRU takes it
+            self._host_state_lru[node] = None
+
+    def _state_inserted(self, node) -> None:
+        super()._state_inserted(node)
+        self._host_state_lru.pop(node, None)
 
     def _delete(self, node) -> None:
         super()._delete(node)
@@ -187,6 +203,12 @@ class StockHiCache(StockSGLangCache):
             self._load_back(best, device_best)
         return best, kv
 
+    def _cow_slot(self, hit_node) -> None:
+        if self._slot_loaded:  # the load-back gave the request its slot
+            self._slot_loaded = False
+            return
+        super()._cow_slot(hit_node)
+
     def _match_end(self, best) -> None:
         if best is not self.root and best.state:
             self._mru_state(best)
@@ -198,18 +220,23 @@ class StockHiCache(StockSGLangCache):
             path.append(x)
             x = x.parent
         tokens = sum(len(n.key) for n in path)
+        loaded_state = not best.state
         self._lock(best)
-        self._make_room_kv(tokens)
+        if loaded_state:  # ``prepare_load_back``: the request's own slot first
+            self._make_room_states(1)
+            self._run.slots += 1
+            self._slot_loaded = True
+        self._make_room_kv(tokens)  # ``_load_back_transfers``: the KV, then the node's slot
         for n in path:
             n.dev = True
             self.tree_kv_tokens += len(n.key)
             self._host_leaves.discard(n)
-        loaded_state = not best.state
         if loaded_state:
             self._make_room_states(1)
             best.state = True
             self.tree_states += 1
             self._mru_state(best)
+            self._host_state_lru.pop(best, None)
         self._unlock(best)
         hs = self.host_stats
         hs.hit_tokens += best.depth - device_best.depth
@@ -237,22 +264,32 @@ class StockHiCache(StockSGLangCache):
             chain.append(x)
             x = x.parent
         for x in reversed(chain):
-            if not x.hkv:
-                if not self._host_room_kv(len(x.key)):
-                    return
-                x.hkv = True
-                self.host_kv_tokens += len(x.key)
-                self.host_stats.kv_tokens_backed_up += len(x.key)
-                self.host_stats.bytes_backed_up += len(x.key) * self.kv_bytes
-                self._backup_state(x)
-        self._backup_state(node)
+            if not x.hkv and not self._backup(x):
+                return  # the first failed backup ends the chain
+        if node.state and not node.hstate:
+            self._backup(node)
 
-    def _backup_state(self, node) -> None:
-        if node.state and not node.hstate and self._host_room_state():
+    def _backup(self, node) -> bool:
+        """Back up ``node``'s KV (unless the host holds it) and its device state (unless
+        the host holds it): all or nothing (``_execute_kv_backup``, the host pools'
+        ``resolve_host_transfers``)."""
+        kv = 0 if node.hkv else len(node.key)
+        state = node.state and not node.hstate
+        if kv and not self._host_room_kv(kv):
+            return False
+        if state and not self._host_room_state():
+            return False
+        hs = self.host_stats
+        if kv:
+            node.hkv = True
+            self.host_kv_tokens += kv
+            hs.kv_tokens_backed_up += kv
+        if state:
             node.hstate = True
             self.host_states += 1
-            self.host_stats.states_backed_up += 1
-            self.host_stats.bytes_backed_up += self.state_bytes
+            hs.states_backed_up += 1
+        hs.bytes_backed_up += kv * self.kv_bytes + state * self.state_bytes
+        return True
 
     # ---- host side ----------------------------------------------------------------------------
     def _host_leaf_update(self, node) -> None:
@@ -274,6 +311,7 @@ class StockHiCache(StockSGLangCache):
             if node not in self._host_leaves:
                 continue
             short -= len(node.key)
+            self.host_stats.kv_tokens_evicted += len(node.key)
             parent = node.parent
             self._evict_host_leaf(node)
             if parent in self._host_leaves and parent.lock == 0:  # a host leaf now
@@ -281,17 +319,22 @@ class StockHiCache(StockSGLangCache):
         return short <= 0
 
     def _host_room_state(self) -> bool:
-        """A free state host slot: the least recent host-only state is freed when full."""
-        if self.host_states < self.host.state_slots:
-            return True
-        victims = [n for n in self._host_leaves if n.hstate and not n.state]
-        if not victims:
-            return False
-        victim = min(victims, key=lambda n: (n.stamp, n.id))
-        victim.hstate = False
-        self.host_states -= 1
-        self.host_stats.states_evicted += 1
-        return True
+        """A free state host slot; when the pool is full, the MAMBA host walk
+        (``components/mamba.py`` ``drive_host_eviction``) frees the least recently
+        demoted host-only state: a host leaf goes whole, any other node keeps its KV."""
+        for victim in list(self._host_state_lru):
+            if self.host_states < self.host.state_slots:
+                break
+            if victim.lock:
+                continue
+            self.host_stats.states_evicted += 1
+            if victim in self._host_leaves:
+                self._evict_host_leaf(victim)
+            else:
+                del self._host_state_lru[victim]
+                victim.hstate = False
+                self.host_states -= 1
+        return self.host_states < self.host.state_slots
 
     def _evict_host_leaf(self, node) -> None:
         node.alive = False
@@ -300,9 +343,9 @@ class StockHiCache(StockSGLangCache):
         del parent.children[self._child_key(node.key, 0)]
         self.num_nodes -= 1
         self.host_kv_tokens -= len(node.key)
-        self.host_stats.kv_tokens_evicted += len(node.key)
         if node.hstate:
             self.host_states -= 1
+            self._host_state_lru.pop(node, None)
         if parent is not self.root and not (parent.dev or parent.hkv or parent.children):
             self._evict_host_leaf_dead(parent)  # a dead node (unbacked, dropped) goes too
         else:
@@ -329,6 +372,7 @@ class StockHiCache(StockSGLangCache):
             assert not x.state or x.dev, x
             host_kv += len(x.key) if x.hkv else 0
             host_states += x.hstate
+            assert (x in self._host_state_lru) == (x.hstate and not x.state), x
             assert (x in self._host_leaves) == (not x.dev and x.hkv and not x.children), x
         assert (host_kv, host_states) == (self.host_kv_tokens, self.host_states)
         assert self.host_kv_tokens <= self.host.kv_tokens

@@ -134,10 +134,10 @@ class HostTier:
     ratio: float | None = None
     write_policy: str = "write_through"
 
-    def pools(self, spec, kv_tokens: int, state_slots: int) -> HostPools:
+    def pools(self, spec, kv_tokens: int, state_slots: int, page: int = 64) -> HostPools:
         ratio = (ratio_for_size(self.size_gb, spec, kv_tokens, state_slots)
                  if self.size_gb is not None else self.ratio)
-        return HostPools.from_ratio(ratio, kv_tokens, state_slots, self.write_policy)
+        return HostPools.from_ratio(ratio, kv_tokens, state_slots, self.write_policy, page)
 
 
 def build_cache(policy: PolicySpec, spec, capacity, grid: int = 1, trace=None,
@@ -268,7 +268,7 @@ def _sglang(p, spec, cap, grid, host: HostTier | None = None):
             raise UserError(f"--hicache-*: policy {p.label!r} needs static pools "
                             "(kv_tokens=K:state_slots=S): SGLang's host tier is built over "
                             "them, not over the unified buffer")
-        return StockHiCache(spec, host=host.pools(spec, kv_tokens, state_slots),
+        return StockHiCache(spec, host=host.pools(spec, kv_tokens, state_slots, page),
                             kv_tokens=kv_tokens, state_slots=state_slots, **knobs)
     return StockSGLangCache(spec, cap, kv_tokens=kv_tokens, state_slots=state_slots, **knobs)
 
