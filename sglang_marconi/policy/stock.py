@@ -52,7 +52,8 @@ the state (and its place) with the suffix. The victim, if it is an unlocked leaf
 deleted with its KV; otherwise only its state is dropped (a tombstone: its KV stays).
 
 Not modelled: several requests running at once (the simulator replays one at a time),
-HiCache, ``--mamba-max-states-per-path``.
+``--mamba-max-states-per-path``. HiCache (the host tier) on static pools:
+``policy.stock_host``, through the hooks below.
 """
 from __future__ import annotations
 
