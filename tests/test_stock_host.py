@@ -3,7 +3,7 @@ write_through on static pools. Its mechanics (backup at insert, demote on device
 host LRU, a host hit loaded back and counted) and its agreement with ``ab``'s stock SGLang
 with HiCache on the same pools.
 
-Agreement measured (``scripts/bench_host_agreement.py``, docs/hicache.md "The simulator's
+Agreement measured (``scripts/bench_baseline_agreement.py --hicache-size 400``, docs/hicache.md "The simulator's
 host tier"): identical hits for every request of the bundled trace and every field of the
 host section (paper-7b, 100 GiB static + 400 GB host: 31.290% of prefill FLOPs saved by
 both); the slices below hold that level (any differing request or field fails).

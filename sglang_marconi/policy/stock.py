@@ -251,6 +251,19 @@ class StockSGLangCache:
         """Evict a leaf the FULL or MAMBA walk chose: delete it with its state."""
         self._delete(node)
 
+    def _matchable(self, node: _Node) -> bool:
+        """A match may walk into ``node`` (its KV is on some tier)."""
+        return True
+
+    def _hit_can_end(self, node: _Node) -> bool:
+        """A hit may end at ``node`` (a state at its end, on some tier)."""
+        return node.state
+
+    def _load_back(self, best: _Node, device_best: _Node) -> None:
+        """The hit ends at ``best``, past the deepest node whose state is on the device
+        (``device_best``): load what lies between to the device (a host tier)."""
+        raise AssertionError("a single-tier cache has no hit past its device states")
+
     def _state_tombstoned(self, node: _Node) -> None:
         """The MAMBA walk freed the device state of ``node`` and kept its KV."""
 
@@ -333,10 +346,10 @@ class StockSGLangCache:
 
     def _match(self, key: np.ndarray):
         """(hit node, KV match length) of a page-aligned key; stamps the hit's path."""
-        node, pos, best, kv = self.root, 0, self.root, 0
+        node, pos, best, device_best, kv = self.root, 0, self.root, self.root, 0
         while pos < len(key):
             child = node.children.get(self._child_key(key, pos))
-            if child is None:
+            if child is None or not self._matchable(child):
                 break
             m = self._common_pages(child.key, key[pos:])
             kv += m
@@ -344,8 +357,10 @@ class StockSGLangCache:
                 self._split(child, m)
                 break
             node = child
-            if node.state:
+            if self._hit_can_end(node):
                 best = node
+            if node.state:
+                device_best = node
             pos += m
         self._match_end(best)
         t = self._tick()
@@ -354,6 +369,8 @@ class StockSGLangCache:
             self._stamp(x, t)
             t -= MATCH_STAMP_STEP
             x = x.parent
+        if best is not device_best:
+            self._load_back(best, device_best)
         return best, kv
 
     def _insert(self, tokens: np.ndarray, length: int):

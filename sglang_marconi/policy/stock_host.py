@@ -173,35 +173,11 @@ class StockHiCache(StockSGLangCache):
         self._host_leaf_update(node)
 
     # ---- the match and the load-back ----------------------------------------------------------
-    def _match(self, key: np.ndarray):
-        """(hit node, KV match length): the walk over both tiers, then the load-back of the
-        part past the device hit."""
-        node, pos, best, device_best, kv = self.root, 0, self.root, self.root, 0
-        while pos < len(key):
-            child = node.children.get(self._child_key(key, pos))
-            if child is None or not (child.dev or child.hkv):
-                break
-            m = self._common_pages(child.key, key[pos:])
-            kv += m
-            if m < len(child.key):
-                self._split(child, m)
-                break
-            node = child
-            if node.state or node.hstate:
-                best = node
-            if node.state and node.dev:
-                device_best = node
-            pos += m
-        self._match_end(best)
-        t = self._tick()
-        x = best
-        while x is not self.root:
-            self._stamp(x, t)
-            t -= 0.00001
-            x = x.parent
-        if best is not device_best:
-            self._load_back(best, device_best)
-        return best, kv
+    def _matchable(self, node) -> bool:
+        return node.dev or node.hkv  # a dead node (dropped, not backed up) ends the walk
+
+    def _hit_can_end(self, node) -> bool:
+        return node.state or node.hstate
 
     def _cow_slot(self, hit_node) -> None:
         if self._slot_loaded:  # the load-back gave the request its slot
