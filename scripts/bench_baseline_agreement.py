@@ -9,8 +9,9 @@ on the same requests; `--memory both` (the default) runs both layouts. `--caches
 stock,marconi+` (the default) adds the marconi+ row: `ab --caches marconi+` against the
 simulator's `marconi+:materialise=sglang:overlap=1` (``policy.in_sglang``), unified memory
 only (the simulator does not model marconi+ in static pools). `--hicache-size H` (issue
-20): stock SGLang with HiCache write_through behind the static pools, `ab --memory static
---hicache-size H` against the simulator's `sglang` with the same host tier
+20): stock SGLang with HiCache (`--hicache-write-policy` write_through, the default, or
+write_through_selective) behind the static pools, `ab --memory static --hicache-size H`
+against the simulator's `sglang` with the same host tier
 (``policy.stock_host``), with the host section (hits from host, bytes loaded, backups,
 evictions per tier) side by side (``reports/host_agreement.py``). Prints both FLOPs-saved
 fractions, their difference in percentage points, the share of requests with identical
@@ -37,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 from sglang_marconi.driver.sizing import size_pools  # noqa: E402
 from sglang_marconi.model import resolve_model  # noqa: E402
 from sglang_marconi.reports import baseline_agreement as agreement  # noqa: E402
+from sglang_marconi.policy.stock_host import WRITE_POLICIES  # noqa: E402
 from sglang_marconi.reports import host_agreement  # noqa: E402
 from sglang_marconi.sim.traces import read_trace  # noqa: E402
 from sglang_marconi.sim.sweeps import MOONCAKE_TRACE  # noqa: E402
@@ -61,6 +63,8 @@ def main(argv=None) -> int:
     ap.add_argument("--hicache-size", type=float, default=None, metavar="GB",
                     help="a host tier of GB (10**9 bytes), write_through: stock on static "
                          "pools only, with the host section")
+    ap.add_argument("--hicache-write-policy", choices=WRITE_POLICIES, default="write_through",
+                    help="with --hicache-size: when a node is backed up (default write_through)")
     ap.add_argument("--json", action="store_true", help="print the comparison as JSON")
     args = ap.parse_args(argv)
     if args.hicache_size is not None:
@@ -121,7 +125,8 @@ def host_tier_agreement(args) -> int:
     pools.pop("capacity_bytes")
     ab = host_agreement.ab_argv(args.trace, args.model, args.cache_gb, args.hicache_size,
                                 args.limit, args.chunked_prefill_size,
-                                args.mamba_track_interval, args.page_size)
+                                args.mamba_track_interval, args.page_size,
+                                args.hicache_write_policy)
     run = subprocess.run([sys.executable, "-m", "sglang_marconi", *ab], cwd=ROOT,
                          env=_env(), capture_output=True, text=True)
     if run.returncode != 0:
@@ -130,7 +135,8 @@ def host_tier_agreement(args) -> int:
     hits, cache = host_agreement.simulate(trace, spec, args.hicache_size,
                                           chunk=args.chunked_prefill_size,
                                           track=args.mamba_track_interval,
-                                          page=args.page_size, **pools)
+                                          page=args.page_size,
+                                          write_policy=args.hicache_write_policy, **pools)
     res = host_agreement.compare(trace, spec, hits, cache, json.loads(run.stdout))
     if args.json:
         json.dump(res, sys.stdout, indent=2)
@@ -141,7 +147,7 @@ def host_tier_agreement(args) -> int:
         res, ab_command=" ".join(ab),
         title=(f"Simulator `sglang` + host tier vs `ab` stock + HiCache: {args.model}, "
                f"{args.cache_gb:g} GiB static + {args.hicache_size:g} GB host, "
-               f"write_through, {scope} of {Path(args.trace).name}")))
+               f"{args.hicache_write_policy}, {scope} of {Path(args.trace).name}")))
     return 0
 
 

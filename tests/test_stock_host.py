@@ -1,5 +1,5 @@
 """The simulator's host tier (``policy.stock_host``, issue 20): stock SGLang with HiCache
-write_through on static pools. Its mechanics (backup at insert, demote on device eviction,
+(write_through, write_through_selective) on static pools. Its mechanics (backup at insert, demote on device eviction,
 host LRU, a host hit loaded back and counted) and its agreement with ``ab``'s stock SGLang
 with HiCache on the same pools.
 
@@ -33,10 +33,11 @@ def _tokens(seed: int, n: int = SEGMENT) -> np.ndarray:
     return np.random.default_rng(seed).integers(1, 50_000, n)
 
 
-def _small_cache(spec, host_kv: int = 2 * SEGMENT) -> StockHiCache:
+def _small_cache(spec, host_kv: int = 2 * SEGMENT,
+                 write_policy: str = "write_through") -> StockHiCache:
     """Room on the device for one segment and a running request; on host for two."""
-    return StockHiCache(spec, host=HostPools(host_kv, 10), kv_tokens=2 * SEGMENT,
-                        state_slots=10, tracking_slots=2)
+    return StockHiCache(spec, host=HostPools(host_kv, 10, write_policy),
+                        kv_tokens=2 * SEGMENT, state_slots=10, tracking_slots=2)
 
 
 def _run(cache, tokens) -> int:
@@ -92,6 +93,19 @@ def test_without_host_room_nothing_is_backed_up_and_eviction_deletes(paper_spec)
     assert c.host_kv_tokens == c.host_stats.kv_tokens_backed_up == 0
     assert c._child_key(a, 0) not in c.root.children  # deleted, as without a host tier
     assert _run(c, np.concatenate([a, _tokens(3, 512)])) == 0
+
+
+def test_selective_backs_up_on_the_second_insert_only(paper_spec):
+    c = _small_cache(paper_spec, write_policy="write_through_selective")
+    a = _tokens(1)
+    _run(c, a)
+    assert c.host_kv_tokens == 0  # one insert: not backed up
+    a_more = np.concatenate([a, _tokens(3, 512)])
+    _run(c, a_more)  # its insert walks through a's node: the second, a is backed up
+    node_a = c.root.children[c._child_key(a, 0)]
+    assert node_a.hkv and node_a.hstate and node_a.inserts == 2
+    leaf = next(iter(node_a.children.values()))
+    assert not leaf.hkv and leaf.inserts == 1  # the new tail waits for its second
 
 
 def test_refuses_write_policies_it_does_not_build(paper_spec):
@@ -167,9 +181,11 @@ def test_host_tier_changes_nothing_while_the_device_never_evicts(paper_spec, moo
     assert host.host_stats.hit_tokens == 0 and host.host_stats.kv_tokens_backed_up > 0
 
 
-def test_agrees_with_ab_when_states_run_short(paper_spec, tmp_path):
+@pytest.mark.parametrize("write_policy", ["write_through", "write_through_selective"])
+def test_agrees_with_ab_when_states_run_short(paper_spec, tmp_path, write_policy):
     """A chat trace (outputs reused, branches) on a 12-slot state pool: the MAMBA walk
-    tombstones inner states and demotes leaves; host pools twice the device's."""
+    tombstones inner states and demotes leaves; host pools twice the device's; the state
+    host pool fills."""
     pytest.importorskip("sglang")
     path = tmp_path / "chat.jsonl"
     write_sessions(generate("chat", seed=1, sessions=8, max_len=30000, user_median=2500,
@@ -179,14 +195,15 @@ def test_agrees_with_ab_when_states_run_short(paper_spec, tmp_path):
         i = argv.index(flag)
         del argv[i:i + 2]
     ab = json.loads(run_cli(ab_cli, *argv, "--kv-tokens", "60000", "--mamba-slots", "12",
-                            "--hicache-ratio", "2"))
+                            "--hicache-ratio", "2", "--hicache-write-policy", write_policy))
     trace = read_trace(path)
-    host = HostPools.from_ratio(ab["config"]["host"]["hicache_ratio"], 60000, 12)
+    host = HostPools.from_ratio(ab["config"]["host"]["hicache_ratio"], 60000, 12,
+                                write_policy)
     cache = StockHiCache(paper_spec, host=host, kv_tokens=60000, state_slots=12,
                          tracking_slots=2)
     hits = [cache.process(r.input_tokens, r.full_tokens) for r in trace.requests]
     cache.check()
     res = host_agreement.compare(trace, paper_spec, hits, cache, ab)
-    assert cache.host_stats.hit_tokens > 0
+    assert cache.host_stats.hit_tokens > 0 and cache.host_stats.states_evicted > 0
     assert res["identical"] == res["requests"], res["worst"]
     assert res["host"]["sim"] == res["host"]["ab"]

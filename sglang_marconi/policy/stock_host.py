@@ -50,7 +50,10 @@ import numpy as np
 
 from sglang_marconi.policy.stock import StockSGLangCache, _Node
 
-WRITE_POLICIES = ("write_through",)  # what this simulator builds
+# what this simulator builds, and the inserts that back a node up under each
+# (``unified_radix_cache.py`` 558-560: ``write_through_threshold``)
+WRITE_THROUGH_THRESHOLD = {"write_through": 1, "write_through_selective": 2}
+WRITE_POLICIES = tuple(WRITE_THROUGH_THRESHOLD)
 
 
 @dataclass(frozen=True)
@@ -92,13 +95,14 @@ class HostStats:
 
 
 class _HostNode(_Node):
-    __slots__ = ("dev", "hkv", "hstate")
+    __slots__ = ("dev", "hkv", "hstate", "inserts")
 
     def __init__(self, node_id: int, parent, key: np.ndarray):
         super().__init__(node_id, parent, key)
         self.dev = True      # KV on the device (False: evicted from it)
         self.hkv = False     # KV on the host (backed up)
         self.hstate = False  # the state on the host
+        self.inserts = 0     # inserts through or ending on it (SGLang's ``hit_count``)
 
 
 class StockHiCache(StockSGLangCache):
@@ -117,6 +121,11 @@ class StockHiCache(StockSGLangCache):
         self.host_states = 0      # states the host pool holds
         self._host_leaves: set = set()
         self._slot_loaded = False  # the load-back allocated the running request's slot
+        self.threshold = WRITE_THROUGH_THRESHOLD[host.write_policy]
+        self._inserted_len = 0  # what the running request inserted so far
+        self._walked = None     # the last node an insert walked
+        self._insert_kind = ""  # the running insert's snapshot kind (``_admit``)
+        self._pending: set = set()  # backed up, not yet acknowledged
         # nodes whose state only the host holds, least recently demoted first (the MAMBA
         # component's host LRU list)
         self._host_state_lru: dict = {}
@@ -166,7 +175,7 @@ class StockHiCache(StockSGLangCache):
 
     def _split(self, child, m: int):
         mid = super()._split(child, m)
-        mid.dev, mid.hkv = child.dev, child.hkv
+        mid.dev, mid.hkv, mid.inserts = child.dev, child.hkv, child.inserts
         return mid
 
     def _child_added(self, node) -> None:
@@ -186,6 +195,7 @@ class StockHiCache(StockSGLangCache):
         super()._cow_slot(hit_node)
 
     def _match_end(self, best) -> None:
+        self._inserted_len = 0  # a new request (its match opens it)
         if best is not self.root and best.state:
             self._mru_state(best)
 
@@ -231,19 +241,50 @@ class StockHiCache(StockSGLangCache):
             node.dev = True
             self.tree_kv_tokens += len(node.key)
             self._host_leaves.discard(node)
+        self._walked = node
+        # ``_finish_insert_walk_node``: nodes this request inserted already are not
+        # counted; a backup is a barrier of the insert walk, run at once (before the
+        # insert attaches its state to the node it ends on)
+        if node.depth > self._inserted_len and self._counts_to_backup(node):
+            self._backup_chain(node)
 
     def _insert_ended(self, node) -> None:
-        """write_through: back up the inserted path top-down (unbacked nodes with their
-        state; the end node's new state when its KV is backed up already)."""
-        chain, x = [], node
-        while x is not self.root:
+        """The insert's tail (``_should_backup_after_insert``): a new leaf counts too; an
+        end node the host holds already backs up its new state alone, unless a backup of
+        it is still in flight (``write_through_pending_id``: acknowledged by the next
+        ``check_hicache_events``, which the replay calls after every insert but the
+        last prefill chunk's publish)."""
+        if node is not self._walked:  # a new leaf
+            if self._counts_to_backup(node):
+                self._backup_chain(node)
+        elif node.hkv and node.state and not node.hstate and node not in self._pending:
+            self._backup_chain(node)
+        self._inserted_len = max(self._inserted_len, node.depth)
+        if self._insert_kind != "prefill_end":
+            self._pending.clear()
+
+    def _admit(self, snapshot: int, kind: str) -> bool:
+        self._insert_kind = kind  # the insert it precedes (stock takes every snapshot)
+        return super()._admit(snapshot, kind)
+
+    def _counts_to_backup(self, node) -> bool:
+        """``_inc_hit_count_and_check``: one more insert through ``node``; whether that
+        reaches the write policy's threshold on a node the host does not hold."""
+        if not node.dev:
+            return False
+        node.inserts += 1
+        return not node.hkv and node.inserts >= self.threshold
+
+    def _backup_chain(self, target) -> None:
+        """``_write_backup``: ``target`` and its unbacked ancestors, top-down, each node
+        whatever the host lacks of it; the first failure ends the chain."""
+        chain, x = [target], target.parent
+        while x is not self.root and not x.hkv:
             chain.append(x)
             x = x.parent
         for x in reversed(chain):
-            if not x.hkv and not self._backup(x):
-                return  # the first failed backup ends the chain
-        if node.state and not node.hstate:
-            self._backup(node)
+            if (not x.hkv or (x.state and not x.hstate)) and not self._backup(x):
+                return
 
     def _backup(self, node) -> bool:
         """Back up ``node``'s KV (unless the host holds it) and its device state (unless
@@ -265,6 +306,7 @@ class StockHiCache(StockSGLangCache):
             self.host_states += 1
             hs.states_backed_up += 1
         hs.bytes_backed_up += kv * self.kv_bytes + state * self.state_bytes
+        self._pending.add(node)
         return True
 
     # ---- host side ----------------------------------------------------------------------------

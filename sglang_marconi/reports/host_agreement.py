@@ -1,5 +1,6 @@
 """The simulator's stock SGLang with a host tier (``policy.stock_host``) against ``ab``'s
-stock SGLang with HiCache on the same pools (``scripts/bench_baseline_agreement.py --hicache-size H``).
+stock SGLang with HiCache on the same pools (``scripts/bench_baseline_agreement.py --hicache-size H``,
+``--hicache-write-policy``: write_through or write_through_selective).
 
 ``ab --memory static --hicache-size G --caches stock --per-request`` replays a trace through
 SGLang's own ``UnifiedRadixCache`` with its host tier; the simulator's ``sglang`` policy on
@@ -22,18 +23,20 @@ HOST_FIELDS = ("hit_tokens", "flops_saved", "kv_tokens_loaded", "states_loaded",
 
 def ab_argv(trace_path, model: str, cache_gb: float, host_gb: float,
             limit: int | None = None, chunk: int = 8192, track: int = 256,
-            page: int = 64) -> list:
+            page: int = 64, write_policy: str = "write_through") -> list:
     """``ab``'s command line (after ``python -m sglang_marconi``): static pools, HiCache
-    write_through with ``host_gb`` GB of host memory, stock only."""
+    with ``host_gb`` GB of host memory and ``write_policy``, stock only."""
     return agreement.ab_argv(trace_path, model, cache_gb, limit, chunk, track, page,
                              memory="static") + [
-        "--hicache-size", f"{host_gb:g}", "--hicache-write-policy", "write_through"]
+        "--hicache-size", f"{host_gb:g}", "--hicache-write-policy", write_policy]
 
 
 def simulate(trace, spec, host_gb: float, *, kv_tokens: int, state_slots: int,
-             tracking_slots: int = 2, chunk: int = 8192, track: int = 256, page: int = 64):
+             tracking_slots: int = 2, chunk: int = 8192, track: int = 256, page: int = 64,
+             write_policy: str = "write_through"):
     """The simulator's stock SGLang with ``host_gb`` of host tier: (hits, the cache)."""
-    host = HostTier(size_gb=host_gb).pools(spec, kv_tokens, state_slots, page)
+    host = HostTier(size_gb=host_gb, write_policy=write_policy).pools(
+        spec, kv_tokens, state_slots, page)
     cache = StockHiCache(spec, host=host, kv_tokens=kv_tokens, state_slots=state_slots,
                          tracking_slots=tracking_slots, chunk=chunk, track=track, page=page)
     hits = [cache.process(r.input_tokens, r.full_tokens) for r in trace.requests]
