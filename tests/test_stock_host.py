@@ -1,12 +1,14 @@
 """The simulator's host tier (``policy.stock_host``, issue 20): stock SGLang with HiCache
-(write_through, write_through_selective) on static pools. Its mechanics (backup at insert, demote on device eviction,
-host LRU, a host hit loaded back and counted) and its agreement with ``ab``'s stock SGLang
-with HiCache on the same pools.
+(write_through, write_through_selective) on static pools. Its mechanics (backup at insert
+or at the second insert, demote on device eviction, host LRU, a host hit loaded back and
+counted) and its agreement with ``ab``'s stock SGLang with HiCache on the same pools.
 
-Agreement measured (``scripts/bench_baseline_agreement.py --hicache-size 400``, docs/hicache.md "The simulator's
-host tier"): identical hits for every request of the bundled trace and every field of the
-host section (paper-7b, 100 GiB static + 400 GB host: 31.290% of prefill FLOPs saved by
-both); the slices below hold that level (any differing request or field fails).
+Agreement measured (``scripts/bench_baseline_agreement.py --hicache-size 400``, docs/
+hicache.md "The simulator's host tier"): identical hits for every request of the bundled
+trace and every field of the host section (paper-7b, 100 GiB static + 400 GB host:
+31.290% of prefill FLOPs saved by both under write_through, 21.910% under
+write_through_selective); the slices below hold that level (any differing request or
+field fails).
 """
 from __future__ import annotations
 

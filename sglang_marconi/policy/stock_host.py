@@ -1,20 +1,26 @@
 """``StockHiCache``: stock SGLang 0.5.23's cache with its host tier (HiCache,
 ``--enable-hierarchical-cache``) as a simulator: ``StockSGLangCache``'s static pools plus a
-KV host pool and a state host pool, write_through.
+KV host pool and a state host pool, write_through or write_through_selective.
 
 What SGLang does and this models (paths relative to the installed
 ``sglang/srt/mem_cache/``; ``utc`` = ``unified_cache/unified_tree_core.py``):
 
 - Host pools (``hybrid_cache/hybrid_pool_assembler.py`` ``_split_hicache_size``): the host
   bytes are split between the KV and the state host pools in proportion to the device
-  pools' bytes, so each holds ``ratio`` times its device pool's slots (``HostPools``).
-- write_through backup (``utc`` ``_finish_insert_walk_node``, ``_should_backup_after_insert``,
-  ``_build_backup_kv_action``; ``unified_radix_cache.py`` ``_execute_kv_backup``): every
-  node an insert walks through or creates is backed up on its first insert (threshold 1),
-  its not yet backed-up ancestors first, KV and the node's device state together; a node
-  already backed up whose insert adds a state has the state backed up (the incremental
-  backup). When the KV host pool is short, host leaves are evicted first; a backup that
-  still does not fit is not made (and the rest of its chain with it).
+  pools' bytes, so each holds ``ratio`` times its device pool's slots, plus one page
+  (``HostPools``).
+- Backups (``utc`` ``_finish_insert_walk_node``, ``_should_backup_after_insert``,
+  ``_build_backup_kv_action``, ``_advance_insert``; ``unified_radix_cache.py``
+  ``_execute_kv_backup``): an insert counts itself on every node it walks through (past
+  what the same request inserted already) or creates; a node the host does not hold is
+  backed up when its count reaches the write policy's threshold (write_through 1,
+  write_through_selective 2), its not yet backed-up ancestors first, KV and the node's
+  device state together. A backup is a barrier of the insert walk (run at once, before
+  the insert attaches its state to the node it ends on); the insert's tail backs up the
+  end node's new state alone when the host holds its KV and no backup of it awaits its
+  acknowledgement (the incremental backup). When the KV host pool is short, host leaves
+  are evicted first; a backup that still does not fit is not made (and the rest of its
+  chain with it).
 - Device eviction (``utc`` ``evict_device_leaf``, 1788-1823): a device leaf is a node whose
   KV is on the device and none of whose children's is (``_is_device_leaf``); the FULL walk
   (KV shortage, least recently stamped first) and the MAMBA walk (state shortage, a leaf)
@@ -35,11 +41,12 @@ What SGLang does and this models (paths relative to the installed
 - An insert that walks through a device-evicted node restores its device KV from the
   request's own KV (``_unevict_node_on_insert``).
 
-Not modelled: write_back and write_through_selective (refused), the L3 store, host locks
-and the in-flight write-through lock (the replay acknowledges every backup before the next
-request, so neither changes a decision there), the state host pool's own LRU beyond what
-a full pool needs (on the bundled trace it never fills), the unified buffer (SGLang's host
-tier is built over the static pools only here, as ``ab`` builds it), marconi / marconi+.
+Not modelled: write_back (refused), the L3 store, host locks and the in-flight
+write-through lock (the replay acknowledges every backup before the next request, and the
+nodes a backup locks meanwhile are on the running request's locked path already, so
+neither changes a decision there; only the in-flight mark itself is kept, ``_pending``),
+the unified buffer (SGLang's host tier is built over the static pools only here, as
+``ab`` builds it), marconi / marconi+.
 """
 from __future__ import annotations
 
@@ -106,7 +113,8 @@ class _HostNode(_Node):
 
 
 class StockHiCache(StockSGLangCache):
-    """Stock SGLang with HiCache write_through, static pools, one request at a time."""
+    """Stock SGLang with HiCache (write_through or write_through_selective), static pools,
+    one request at a time."""
 
     def __init__(self, spec, *, host: HostPools, kv_tokens: int, state_slots: int, **kwargs):
         if host.write_policy not in WRITE_POLICIES:

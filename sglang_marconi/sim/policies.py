@@ -14,7 +14,8 @@
   ignored; a state shortage runs SGLang's MAMBA walk). Takes no ``max_states`` and ignores
   the simulator's ``--grid``. With the host-tier flags (``sim --hicache-size GB`` or
   ``--hicache-ratio R``, ``ab``'s: ``HostTier``) and static pools: SGLang's HiCache
-  write_through behind them (``policy.stock_host``); no other policy has a host tier.
+  write_through or write_through_selective behind them (``policy.stock_host``); no other
+  policy has a host tier.
 - ``vllm+``: a state at every ``block``-token boundary (32), LRU eviction.
 - ``paper-sglang+``: Marconi admission, LRU eviction (alpha 0).
 - ``marconi``: Marconi admission, FLOP-aware eviction, alpha tuned by bootstrap (``alpha=auto``,
