@@ -8,7 +8,12 @@ on the same pools (unified: the buffer's byte budget; static: `kv_tokens`, `stat
 on the same requests; `--memory both` (the default) runs both layouts. `--caches
 stock,marconi+` (the default) adds the marconi+ row: `ab --caches marconi+` against the
 simulator's `marconi+:materialise=sglang:overlap=1` (``policy.in_sglang``), unified memory
-only (the simulator does not model marconi+ in static pools). Prints both FLOPs-saved
+only (the simulator does not model marconi+ in static pools). `--hicache-size H` (issue
+20): stock SGLang with HiCache (`--hicache-write-policy` write_through, the default, or
+write_through_selective) behind the static pools, `ab --memory static --hicache-size H`
+against the simulator's `sglang` with the same host tier
+(``policy.stock_host``), with the host section (hits from host, bytes loaded, backups,
+evictions per tier) side by side (``reports/host_agreement.py``). Prints both FLOPs-saved
 fractions, their difference in percentage points, the share of requests with identical
 hits, the capacity the simulator used and the requests that differ most. Analysis:
 ``sglang_marconi/reports/baseline_agreement.py``. A benchmark, not a test: exits 0 either
@@ -16,7 +21,7 @@ way (tests/test_sglang_baseline.py holds a slice to its bounds).
 
 Usage: python scripts/bench_baseline_agreement.py [--limit N] [--model paper-7b]
        [--cache-gb 100] [--memory both|unified|static] [--caches stock,marconi+]
-       [--trace PATH] [--json]
+       [--hicache-size GB] [--trace PATH] [--json]
 """
 from __future__ import annotations
 
@@ -33,6 +38,8 @@ sys.path.insert(0, str(ROOT))
 from sglang_marconi.driver.sizing import size_pools  # noqa: E402
 from sglang_marconi.model import resolve_model  # noqa: E402
 from sglang_marconi.reports import baseline_agreement as agreement  # noqa: E402
+from sglang_marconi.policy.stock_host import WRITE_POLICIES  # noqa: E402
+from sglang_marconi.reports import host_agreement  # noqa: E402
 from sglang_marconi.sim.traces import read_trace  # noqa: E402
 from sglang_marconi.sim.sweeps import MOONCAKE_TRACE  # noqa: E402
 
@@ -53,16 +60,22 @@ def main(argv=None) -> int:
     ap.add_argument("--caches", default="stock,marconi+",
                     help="ab's caches to compare with their simulator images: stock (the "
                          "sglang baseline), marconi+ (unified memory only); default both")
+    ap.add_argument("--hicache-size", type=float, default=None, metavar="GB",
+                    help="a host tier of GB (10**9 bytes), write_through: stock on static "
+                         "pools only, with the host section")
+    ap.add_argument("--hicache-write-policy", choices=WRITE_POLICIES, default="write_through",
+                    help="with --hicache-size: when a node is backed up (default write_through)")
     ap.add_argument("--json", action="store_true", help="print the comparison as JSON")
     args = ap.parse_args(argv)
+    if args.hicache_size is not None:
+        return host_tier_agreement(args)
     caches = [c.strip() for c in args.caches.split(",") if c.strip()]
     if not caches or set(caches) - {"stock", "marconi+"}:
         ap.error(f"--caches: expected stock and/or marconi+, got {args.caches!r}")
 
     spec = resolve_model(args.model, None)
     trace = read_trace(args.trace).head(args.limit)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    env = _env()
     memories = ("unified", "static") if args.memory == "both" else (args.memory,)
     results, reports = {}, []
     for memory, cache in [(m, c) for c in caches for m in memories]:
@@ -101,6 +114,46 @@ def main(argv=None) -> int:
     else:
         print("\n\n".join(reports))
     return 0
+
+
+def host_tier_agreement(args) -> int:
+    """``--hicache-size``: stock with HiCache against the simulator's host tier."""
+    spec = resolve_model(args.model, None)
+    trace = read_trace(args.trace).head(args.limit)
+    pools = agreement.sim_pools(size_pools(spec, args.cache_gb, "static",
+                                           page_size=args.page_size))
+    pools.pop("capacity_bytes")
+    ab = host_agreement.ab_argv(args.trace, args.model, args.cache_gb, args.hicache_size,
+                                args.limit, args.chunked_prefill_size,
+                                args.mamba_track_interval, args.page_size,
+                                args.hicache_write_policy)
+    run = subprocess.run([sys.executable, "-m", "sglang_marconi", *ab], cwd=ROOT,
+                         env=_env(), capture_output=True, text=True)
+    if run.returncode != 0:
+        sys.stderr.write(run.stderr)
+        return run.returncode
+    hits, cache = host_agreement.simulate(trace, spec, args.hicache_size,
+                                          chunk=args.chunked_prefill_size,
+                                          track=args.mamba_track_interval,
+                                          page=args.page_size,
+                                          write_policy=args.hicache_write_policy, **pools)
+    res = host_agreement.compare(trace, spec, hits, cache, json.loads(run.stdout))
+    if args.json:
+        json.dump(res, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    scope = f"first {len(trace):,} requests" if args.limit else f"all {len(trace):,} requests"
+    print(host_agreement.format_report(
+        res, ab_command=" ".join(ab),
+        title=(f"Simulator `sglang` + host tier vs `ab` stock + HiCache: {args.model}, "
+               f"{args.cache_gb:g} GiB static + {args.hicache_size:g} GB host, "
+               f"{args.hicache_write_policy}, {scope} of {Path(args.trace).name}")))
+    return 0
+
+
+def _env() -> dict:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import sys
 from sglang_marconi.cli.common import (add_model_arguments, human_bytes, human_flops,
                                             model_from_args, parse_bytes, parse_params,
                                             print_json)
+from sglang_marconi.cli.host_flags import DEFAULT_RATIO, add_host_arguments, host_enabled
 from sglang_marconi.errors import UserError
 
 
@@ -36,6 +37,27 @@ def add_arguments(parser) -> None:
     parser.add_argument("--plot", metavar="FILE.png", help="draw the results")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_host_arguments(parser)
+
+
+def host_tier(args):
+    """The host tier from ``ab``'s flags (``cli.host_flags``), None without them; what the
+    simulator does not build is refused."""
+    from sglang_marconi.policy.stock_host import WRITE_POLICIES
+    from sglang_marconi.sim.policies import HostTier
+
+    if not host_enabled(args):
+        return None
+    if args.hicache_storage_backend is not None:
+        raise UserError("--hicache-storage-backend: the simulator has no L3 store "
+                        "(ab models it)")
+    policy = args.hicache_write_policy or "write_through"
+    if policy not in WRITE_POLICIES:
+        raise UserError(f"--hicache-write-policy {policy}: the simulator's host tier is "
+                        f"built for {', '.join(WRITE_POLICIES)} only (ab models every policy)")
+    if args.hicache_size is None:
+        return HostTier(ratio=args.hicache_ratio or DEFAULT_RATIO, write_policy=policy)
+    return HostTier(size_gb=args.hicache_size, write_policy=policy)
 
 
 def load_trace(args):
@@ -71,7 +93,8 @@ def run(args) -> int:
     caps = ([parse_bytes(c, "--capacities") for c in args.capacities.split(",") if c.strip()]
             if args.capacities else [parse_bytes(args.capacity, "--capacity")])
     progress = not args.no_progress and sys.stderr.isatty()
-    runs = [simulate(trace, spec, cap, policies, args.grid, latency, progress, args.jobs)
+    host = host_tier(args)
+    runs = [simulate(trace, spec, cap, policies, args.grid, latency, progress, args.jobs, host)
             for cap in caps]
     if args.plot:
         from sglang_marconi.sim.plots import plot_runs
@@ -103,3 +126,9 @@ def print_table(res: dict) -> None:
                f"{r['ttft_p50_s'] * 1e3:.0f} ms", f"{r['ttft_p95_s'] * 1e3:.0f} ms",
                "-" if r["alpha"] is None else f"{r['alpha']:.1f}", f"{r['wall_s']:.1f} s")
         print(" ".join(f"{c:>11}" for c in row))
+    for name, r in res["policies"].items():
+        if "host" in r:
+            h = r["host"]
+            print(f"  {name} host tier: {h['hit_tokens']:,} hit tokens from host, "
+                  f"{h['bytes_loaded']:.3e} bytes loaded, KV tokens evicted device / host "
+                  f"{r['kv_tokens_evicted']:,} / {h['kv_tokens_evicted']:,}")

@@ -52,7 +52,8 @@ the state (and its place) with the suffix. The victim, if it is an unlocked leaf
 deleted with its KV; otherwise only its state is dropped (a tombstone: its KV stays).
 
 Not modelled: several requests running at once (the simulator replays one at a time),
-HiCache, ``--mamba-max-states-per-path``.
+``--mamba-max-states-per-path``. HiCache (the host tier) on static pools:
+``policy.stock_host``, through the hooks below.
 """
 from __future__ import annotations
 
@@ -234,6 +235,49 @@ class StockSGLangCache:
     def _finished(self, full: np.ndarray, hit_node: _Node) -> None:
         """The request is released (after its final insert and unlock)."""
 
+    # ---- hooks of the host tier (``policy.stock_host``) ---------------------------------------
+    def _cow_slot(self, hit_node: _Node) -> None:
+        """The request's own state slot for its hit's copy (the hit's path locked)."""
+        self._lock(hit_node)
+        self._make_room_states(1)
+        self._unlock(hit_node)
+        self._run.slots += 1
+
+    def _is_leaf(self, node: _Node) -> bool:
+        """A leaf the FULL walk may evict (besides not the root): no children, unlocked."""
+        return not node.children and node.lock == 0
+
+    def _evict_leaf(self, node: _Node) -> None:
+        """Evict a leaf the FULL or MAMBA walk chose: delete it with its state."""
+        self._delete(node)
+
+    def _matchable(self, node: _Node) -> bool:
+        """A match may walk into ``node`` (its KV is on some tier)."""
+        return True
+
+    def _hit_can_end(self, node: _Node) -> bool:
+        """A hit may end at ``node`` (a state at its end, on some tier)."""
+        return node.state
+
+    def _load_back(self, best: _Node, device_best: _Node) -> None:
+        """The hit ends at ``best``, past the deepest node whose state is on the device
+        (``device_best``): load what lies between to the device (a host tier)."""
+        raise AssertionError("a single-tier cache has no hit past its device states")
+
+    def _state_tombstoned(self, node: _Node) -> None:
+        """The MAMBA walk freed the device state of ``node`` and kept its KV."""
+
+    def _insert_walked(self, node: _Node) -> None:
+        """An insert walks through ``node`` (after any split)."""
+
+    def _insert_ended(self, node: _Node) -> None:
+        """An insert ended on ``node`` (after its state is set and stamped)."""
+
+    @staticmethod
+    def _device_kv(node: _Node) -> int:
+        """KV tokens ``node`` holds in the device pool."""
+        return len(node.key)
+
     # ---- recency ----------------------------------------------------------------------------
     def _tick(self) -> float:
         t = self._clock
@@ -245,16 +289,15 @@ class StockSGLangCache:
         self._maybe_leaf(node)
 
     def _maybe_leaf(self, node: _Node) -> None:
-        if node is not self.root and not node.children and node.lock == 0:
+        if node is not self.root and self._is_leaf(node):
             heapq.heappush(self._leaves, (node.stamp, node.id, node))
             if len(self._leaves) > 2 * self.num_nodes + 1024:
                 self._leaves = [e for e in self._leaves if self._is_victim(e)]
                 heapq.heapify(self._leaves)
 
-    @staticmethod
-    def _is_victim(entry) -> bool:
+    def _is_victim(self, entry) -> bool:
         stamp, _, node = entry
-        return node.alive and not node.children and node.lock == 0 and node.stamp == stamp
+        return node.alive and node.stamp == stamp and self._is_leaf(node)
 
     # ---- locks (the running request's path) -------------------------------------------------
     def _lock(self, node: _Node) -> None:
@@ -303,10 +346,10 @@ class StockSGLangCache:
 
     def _match(self, key: np.ndarray):
         """(hit node, KV match length) of a page-aligned key; stamps the hit's path."""
-        node, pos, best, kv = self.root, 0, self.root, 0
+        node, pos, best, device_best, kv = self.root, 0, self.root, self.root, 0
         while pos < len(key):
             child = node.children.get(self._child_key(key, pos))
-            if child is None:
+            if child is None or not self._matchable(child):
                 break
             m = self._common_pages(child.key, key[pos:])
             kv += m
@@ -314,8 +357,10 @@ class StockSGLangCache:
                 self._split(child, m)
                 break
             node = child
-            if node.state:
+            if self._hit_can_end(node):
                 best = node
+            if node.state:
+                device_best = node
             pos += m
         self._match_end(best)
         t = self._tick()
@@ -324,6 +369,8 @@ class StockSGLangCache:
             self._stamp(x, t)
             t -= MATCH_STAMP_STEP
             x = x.parent
+        if best is not device_best:
+            self._load_back(best, device_best)
         return best, kv
 
     def _insert(self, tokens: np.ndarray, length: int):
@@ -337,6 +384,7 @@ class StockSGLangCache:
             m = self._common_pages(child.key, tokens[pos:length])
             if m < len(child.key):
                 child = self._split(child, m)
+            self._insert_walked(child)
             node, pos = child, pos + m
         if pos < length:
             leaf = self._new_node(next(self._ids), node, tokens[pos:length].copy())
@@ -350,6 +398,7 @@ class StockSGLangCache:
             self._stamp(leaf, self._tick())
             self._tick()  # its creation time
             self._state_inserted(leaf)
+            self._insert_ended(leaf)
             return leaf, False
         existed = node.state
         if not existed:
@@ -358,6 +407,7 @@ class StockSGLangCache:
             self.stats.states_admitted += 1
         self._stamp(node, self._tick())
         self._state_inserted(node)
+        self._insert_ended(node)
         return node, existed
 
     def _evict_one(self) -> bool:
@@ -366,7 +416,7 @@ class StockSGLangCache:
         while heap:
             entry = heapq.heappop(heap)
             if self._is_victim(entry):
-                self._delete(entry[2])
+                self._evict_leaf(entry[2])
                 return True
         return False
 
@@ -401,12 +451,13 @@ class StockSGLangCache:
             heapq.heappush(heap, entry)
         if victim is None:
             return False
-        if not victim.children and victim.lock == 0:
-            self._delete(victim)
+        if self._is_leaf(victim):
+            self._evict_leaf(victim)
         else:
             victim.state = False
             self.tree_states -= 1
             self.stats.states_evicted += 1
+            self._state_tombstoned(victim)
         return True
 
     def _delete(self, node: _Node) -> None:
@@ -449,10 +500,7 @@ class StockSGLangCache:
         run = self._run
         working = hit_node is not self.root
         if working:  # copy-on-write of the hit's state into the request's slot
-            self._lock(hit_node)
-            self._make_room_states(1)
-            self._unlock(hit_node)
-            run.slots += 1
+            self._cow_slot(hit_node)
         locked = hit_node
         self._lock(locked)
         tracking = False
@@ -531,7 +579,7 @@ class StockSGLangCache:
             assert x.parent.children.get(self._child_key(x.key, 0)) is x, x
             assert x.depth == x.parent.depth + len(x.key), x
             assert x.lock >= 0, x
-            kv += len(x.key)
+            kv += self._device_kv(x)
             states += x.state
         assert (kv, states, nodes) == (self.tree_kv_tokens, self.tree_states, self.num_nodes)
         if self.static:

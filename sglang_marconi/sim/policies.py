@@ -12,7 +12,10 @@
   SGLang's default static two pools instead of the byte budget (a KV pool of K token
   slots, a state pool of S slots, what ``ab --memory static`` builds; the capacity is then
   ignored; a state shortage runs SGLang's MAMBA walk). Takes no ``max_states`` and ignores
-  the simulator's ``--grid``.
+  the simulator's ``--grid``. With the host-tier flags (``sim --hicache-size GB`` or
+  ``--hicache-ratio R``, ``ab``'s: ``HostTier``) and static pools: SGLang's HiCache
+  write_through or write_through_selective behind them (``policy.stock_host``); no other
+  policy has a host tier.
 - ``vllm+``: a state at every ``block``-token boundary (32), LRU eviction.
 - ``paper-sglang+``: Marconi admission, LRU eviction (alpha 0).
 - ``marconi``: Marconi admission, FLOP-aware eviction, alpha tuned by bootstrap (``alpha=auto``,
@@ -46,6 +49,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from sglang_marconi.driver.sizing import ratio_for_size
 from sglang_marconi.errors import UserError
 from sglang_marconi.policy import defaults
 from sglang_marconi.policy.defaults import NO_CAP
@@ -55,6 +59,7 @@ from sglang_marconi.policy.in_sglang import MarconiSGLangCache
 from sglang_marconi.policy.likelihood import ReuseWeight
 from sglang_marconi.policy.offline import offline_cache
 from sglang_marconi.policy.stock import StockSGLangCache
+from sglang_marconi.policy.stock_host import HostPools, StockHiCache
 
 BASE_POLICIES = ("vllm+", "paper-sglang+", "marconi", "infinite")
 # names that meant something else before: an error that says what to write now
@@ -122,7 +127,29 @@ def _alpha(policy: PolicySpec, default="auto"):
     return _number(policy, "alpha", float, 0.0, 0.0)
 
 
-def build_cache(policy: PolicySpec, spec, capacity, grid: int = 1, trace=None) -> PrefixCache:
+@dataclass(frozen=True)
+class HostTier:
+    """The host-tier flags (``ab``'s, ``cli.host_flags``): ``size_gb`` (``--hicache-size``,
+    10**9 bytes, split between the KV and state host pools in proportion to the device
+    pools' bytes) or ``ratio`` (``--hicache-ratio``), and the write policy."""
+
+    size_gb: float | None = None
+    ratio: float | None = None
+    write_policy: str = "write_through"
+
+    def pools(self, spec, kv_tokens: int, state_slots: int, page: int = 64) -> HostPools:
+        ratio = (ratio_for_size(self.size_gb, spec, kv_tokens, state_slots)
+                 if self.size_gb is not None else self.ratio)
+        return HostPools.from_ratio(ratio, kv_tokens, state_slots, self.write_policy, page)
+
+
+def build_cache(policy: PolicySpec, spec, capacity, grid: int = 1, trace=None,
+                host: HostTier | None = None) -> PrefixCache:
+    if host is not None:
+        if policy.name != "sglang":
+            raise UserError(f"--hicache-*: the simulator's host tier is built for the sglang "
+                            f"policy only (static pools); policy {policy.label!r} has none")
+        return _sglang(policy, spec, capacity, grid, host)
     if policy.name == "offline":
         if trace is None:
             raise UserError("the offline policy needs the whole trace")
@@ -228,7 +255,7 @@ def _in_sglang(p: PolicySpec, spec, cap, alpha, knobs=None, **plus):
                               **plus)
 
 
-def _sglang(p, spec, cap, grid):
+def _sglang(p, spec, cap, grid, host: HostTier | None = None):
     kv_tokens = _number(p, "kv_tokens", int, None, 1)
     state_slots = _number(p, "state_slots", int, None, 1)
     if (kv_tokens is None) != (state_slots is None):
@@ -237,10 +264,16 @@ def _sglang(p, spec, cap, grid):
     page = _number(p, "page", int, 64, 1)
     if kv_tokens is not None and kv_tokens < page:
         raise UserError(f"policy {p.label!r}: kv_tokens must be >= the page ({page})")
-    return StockSGLangCache(spec, cap, chunk=_number(p, "chunk", int, 8192),
-                            track=_number(p, "track", int, 256, 1), page=page,
-                            tracking_slots=2 if _number(p, "overlap", int, 0, 0) else 1,
-                            kv_tokens=kv_tokens, state_slots=state_slots)
+    knobs = dict(chunk=_number(p, "chunk", int, 8192), track=_number(p, "track", int, 256, 1),
+                 page=page, tracking_slots=2 if _number(p, "overlap", int, 0, 0) else 1)
+    if host is not None:
+        if kv_tokens is None:
+            raise UserError(f"--hicache-*: policy {p.label!r} needs static pools "
+                            "(kv_tokens=K:state_slots=S): SGLang's host tier is built over "
+                            "them, not over the unified buffer")
+        return StockHiCache(spec, host=host.pools(spec, kv_tokens, state_slots, page),
+                            kv_tokens=kv_tokens, state_slots=state_slots, **knobs)
+    return StockSGLangCache(spec, cap, kv_tokens=kv_tokens, state_slots=state_slots, **knobs)
 
 
 POLICY_BUILDERS = {
