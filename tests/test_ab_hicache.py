@@ -47,7 +47,8 @@ def test_ab_host_section(families, policy):
                           "--json"))
     spec = preset_spec("qwen3_next")
     host_cfg = out["config"]["host"]
-    assert host_cfg["write_policy"] == policy and host_cfg["kv_tokens"] == 12000
+    # SGLang's host pool: int(4,000 x 3) floored to its 16-token page, plus one page
+    assert host_cfg["write_policy"] == policy and host_cfg["kv_tokens"] == 12016
     for name, col in out["caches"].items():
         host = col["host"]
         assert host["hit_tokens"] > 0, name  # prefixes came back from host

@@ -13,6 +13,7 @@ from __future__ import annotations
 from sglang_marconi.cli.pool_flags import _positive_float
 from sglang_marconi.driver.sizing import ratio_for_size
 from sglang_marconi.errors import UserError
+from sglang_marconi.policy.stock_host import HostPools
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 DEFAULT_RATIO = 2.0  # SGLang's --hicache-ratio default in the host-cache mode
@@ -58,11 +59,13 @@ def resolve_host(args, spec, kv_tokens: int, mamba_slots: int, unified) -> dict:
 
 
 def host_summary(args, spec, pools) -> dict:
-    """The host tier in ``ab --json``'s config."""
+    """The host tier in ``ab --json``'s config: the host pools as SGLang builds them
+    (``HostPools.from_ratio``: one page more than ``int(device slots x ratio)``)."""
     if pools.hicache_write_policy is None:
         return {}
-    kv_host = int(pools.kv_tokens * pools.hicache_ratio)
-    states_host = int(pools.mamba_slots * pools.hicache_ratio)
+    host = HostPools.from_ratio(pools.hicache_ratio, pools.kv_tokens, pools.mamba_slots,
+                                page=pools.page_size)
+    kv_host, states_host = host.kv_tokens, host.state_slots
     return {"host": {
         "hicache_size_gb": args.hicache_size, "hicache_ratio": pools.hicache_ratio,
         "write_policy": pools.hicache_write_policy,

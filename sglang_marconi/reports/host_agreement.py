@@ -74,9 +74,9 @@ def format_report(res: dict, *, title: str, ab_command: str) -> str:
     return "\n".join([
         f"# {title}", "",
         f"ab: `python -m sglang_marconi {ab_command}`; host pools (KV tokens, states): "
-        f"ab's config reports {host['pools']['ab']} (int(device slots x ratio)), SGLang "
-        f"builds and the simulator uses {host['pools']['sim']} (one page more: "
-        "pool_host/base.py 226-229, pool_host/mamba.py 171-174)", "",
+        f"ab's config reports {host['pools']['ab']}, the simulator uses "
+        f"{host['pools']['sim']} (as SGLang builds them: pool_host/base.py 226-229, "
+        "pool_host/mamba.py 171-174)", "",
         table(("", "ab stock + HiCache", "simulator sglang + host tier"), rows), "",
         f"- FLOPs saved, simulator - ab: {res['diff_pp']:+.3f} pp",
         f"- identical per-request hits: {res['identical']:,} / {res['requests']:,}",
