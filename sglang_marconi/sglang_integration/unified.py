@@ -16,9 +16,11 @@ shared buffer, reuse-weighted for marconi+) with recency on the request clock (a
 its stamp; a KV-only leaf: the request during which SGLang last touched it,
 ``JointMambaComponent`` records the counter at each match), in a ``VictimQueue`` with the
 persistent queues' mode and alpha. The walk-local queue is built from the two persistent
-queues' live candidates at the start of a joint walk (O(n log n) once per walk, one heap
-build, no tree walk: a state's nearest checkpointed ancestor is kept on its node,
-``components.cached_state_depth``), and a parent that becomes an evictable leaf joins it.
+queues' live candidates at the start of a joint walk (``joint_rows``: O(n log n) once per
+walk, one heap build, no tree walk: a state's nearest checkpointed ancestor and the FLOPs a
+hit saves over it are kept on its node, ``components.cached_state_depth`` and
+``cached_flops_saved``; ``harness.invariants.check_joint_build`` compares a build with a
+fresh computation), and a parent that becomes an evictable leaf joins it.
 
 What stays SGLang's: Mamba slot ids are a separate resource ("Full KV can supply bytes but
 cannot recycle Mamba virtual IDs"): a slot-id shortfall is met first by the stock MAMBA
