@@ -28,7 +28,7 @@ from sglang_marconi.policy.ranking import freed_bytes, nearest_state_depth, rank
 from sglang_marconi.sglang_integration.components import (SAVED, SGLANG_TREE, STATE_DEPTH,
                                                            has_state, state_recency, token_depth)
 from sglang_marconi.sglang_integration.unified import (JointWalk, droppable_inner_state,
-                                                        joint_recency)
+                                                        joint_recency, takes_stock_walk)
 
 FULL, MAMBA = ComponentType.FULL, ComponentType.MAMBA
 
@@ -108,7 +108,7 @@ def check_queues(cache) -> None:
             assert r <= node.last_access_time, f"leaf {node.id}: recency ahead of the tree"
             assert math.isclose(e, policy.kv_pool_efficiency(node), rel_tol=1e-9), (
                 f"leaf {node.id}: KV efficiency {e}")
-    if getattr(cache, "unified", False):
+    if getattr(cache, "unified", False) and not takes_stock_walk(policy):
         check_joint_build(cache)
 
 

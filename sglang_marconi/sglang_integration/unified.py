@@ -205,6 +205,11 @@ class JointFullComponent(MarconiFullComponent):
         return walk.next_node(self, tracker, device_frees, host_frees, cache_actions)
 
 
+def takes_stock_walk(policy) -> bool:
+    """marconi at alpha 0 ranks as LRU: SGLang's own ``evict_for_alloc``, no joint walk."""
+    return policy.queue_mode != "gdsf" and policy.alpha == 0
+
+
 def _add(result: EvictResult, more: EvictResult) -> None:
     result.num_tokens_evicted += more.num_tokens_evicted
     result.swa_num_tokens_evicted += more.swa_num_tokens_evicted
@@ -214,9 +219,8 @@ def _add(result: EvictResult, more: EvictResult) -> None:
 def joint_evict_for_alloc(cache, params, stock, allocation_reclaim_satisfied=None):
     """``evict_for_alloc`` with one ranking over KV leaves and states (see module doc);
     ``stock`` is SGLang's method, taken for LRU (alpha 0) and the quota form."""
-    policy = cache.marconi
-    lru = policy.queue_mode != "gdsf" and policy.alpha == 0
-    if lru or allocation_reclaim_satisfied is not None or cache.disable:
+    if (takes_stock_walk(cache.marconi) or allocation_reclaim_satisfied is not None
+            or cache.disable):
         return stock(params, allocation_reclaim_satisfied=allocation_reclaim_satisfied)
     allocator = cache.token_to_kv_pool_allocator
     donor = allocator.mamba_full_cache_donor()
