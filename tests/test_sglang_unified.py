@@ -4,6 +4,7 @@ alpha 0 makes stock's decisions; with alpha > 0 one ranking over KV leaves and s
 bytes for either side; no byte, KV token or slot id leaks and locked nodes are never
 victims (hypothesis)."""
 import functools
+from array import array
 
 import pytest
 
@@ -12,13 +13,19 @@ pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
 from sglang_marconi.driver.pools import PoolConfig  # noqa: E402
-from sglang_marconi.driver.replay import Replayer  # noqa: E402
+from sglang_marconi.driver.replay import Replayer, ReplayRequest  # noqa: E402
 from sglang_marconi.driver.unified_pools import UnifiedConfig, build_unified_cache  # noqa: E402
-from sglang_marconi.harness.invariants import check_idle, guard_locked_evictions  # noqa: E402
+from sglang_marconi.harness.invariants import (  # noqa: E402
+    check_idle,
+    check_joint_build,
+    fresh_joint_rows,
+    guard_locked_evictions,
+)
 from sglang_marconi.model import preset_spec  # noqa: E402
 from sglang_marconi.sglang_integration.cache import MarconiUnifiedRadixCache  # noqa: E402
+from sglang_marconi.sglang_integration.components import SAVED, cached_flops_saved  # noqa: E402
 from sglang_marconi.sglang_integration.options import MarconiSettings  # noqa: E402
-from tests.test_sglang_cache import request_specs, to_requests  # noqa: E402
+from tests.test_sglang_cache import BASES, request_specs, to_requests  # noqa: E402
 
 SPEC = preset_spec("paper-7b")
 PC = PoolConfig(kv_tokens=1024, mamba_slots=10, page_size=16, max_context_len=1024,
@@ -94,14 +101,18 @@ def test_invariants_hold_in_the_unified_pool(settings, uc, specs):
     replay_checked(unified_cache(settings, uc), to_requests(specs))
 
 
+def two_chunk_requests():
+    """Twelve requests over three shared bases, two prefill chunks each (350 tokens in
+    three made every chunk state of a request compete with its running slots: the walk
+    then took only leaves)."""
+    return [ReplayRequest(f"r{i}", array("q", BASES[i % 3][:100] + [10**6 + 1000 * i + j
+                                                                    for j in range(100)]),
+                          [1, 2, 3]) for i in range(12)]
+
+
 def test_kv_shortage_can_free_a_state_one_ranking():
     """Stock frees only KV leaves for a KV shortage; the joint ranking may take a state
     (it shares the bytes), and takes candidates of both kinds over a run."""
-    from array import array
-
-    from sglang_marconi.driver.replay import ReplayRequest
-    from tests.test_sglang_cache import BASES
-
     cache = unified_cache(MarconiSettings(alpha=4.0, max_states_per_request=-1))
     calls = []
     original = cache._evict
@@ -111,15 +122,43 @@ def test_kv_shortage_can_free_a_state_one_ranking():
         return original(params, *args, **kwargs)
 
     cache._evict = spy
-    # two prefill chunks a request (350 tokens in three made every chunk state of a
-    # request compete with its running slots: the walk then took only leaves)
-    requests = [ReplayRequest(f"r{i}", array("q", BASES[i % 3][:100] + [10**6 + 1000 * i + j
-                                                                       for j in range(100)]),
-                              [1, 2, 3]) for i in range(12)]
-    replay_checked(cache, requests)
+    replay_checked(cache, two_chunk_requests())
     evicted = cache.marconi.stats.evicted
     assert evicted["unified_state"] > 0 and evicted["unified_leaf"] > 0
     assert any(joint for _, _, joint in calls)
+
+
+@pytest.mark.parametrize("settings", [
+    MarconiSettings(alpha=4.0, max_states_per_request=-1),
+    MarconiSettings(alpha=0.0, max_states_per_request=-1, plus=True),
+], ids=["marconi", "marconi+"])
+def test_the_joint_build_equals_a_fresh_computation(settings):
+    """A joint walk's build reads values kept between walks (each state's FLOPs saved over
+    its nearest checkpointed ancestor, that ancestor's depth) and the persistent queues'
+    aging bases: after every request of a replay whose walks take leaves and states, a
+    build holds the values and order a fresh computation gives (``check_joint_build``, run
+    by ``check_idle``), and one kept value gone stale makes that check fail."""
+    cache = unified_cache(settings)
+    builds = []
+    original = cache._evict
+
+    def spy(params, *args, **kwargs):
+        builds.append(cache.joint_walk is not None)
+        return original(params, *args, **kwargs)
+
+    cache._evict = spy
+    replay_checked(cache, two_chunk_requests())
+    assert any(builds), "no joint walk ran"
+    rows = fresh_joint_rows(cache)
+    leaves = cache.tree_core.evictable_device_leaves
+    ranked = [node for node, _, efficiency, _ in rows if efficiency > 0]
+    assert any(n in leaves for n in ranked) and any(n not in leaves for n in ranked), (
+        "the case at hand: leaves and inner states with a state to rank")
+    check_joint_build(cache)
+    node = ranked[-1]
+    setattr(node, SAVED, 1.5 * cached_flops_saved(SPEC, node))  # as if never forgotten
+    with pytest.raises(AssertionError, match="joint walk"):
+        check_joint_build(cache)
 
 
 @pytest.mark.parametrize("policy", ["marconi", "marconi+"])

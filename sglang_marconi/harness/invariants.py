@@ -6,7 +6,12 @@
 - Marconi's persistent victim queues hold exactly the candidates (unlocked states; the
   evictable leaves) with the inputs a fresh computation gives (a leaf's recency may lag
   its ``last_access_time``: the walk re-keys it when popped), and a state's kept nearest
-  checkpointed ancestor depth is the one a walk up the tree gives;
+  checkpointed ancestor depth, and the FLOPs a hit there saves over it, are the ones a
+  walk up the tree gives;
+- unified memory: a joint walk built now (``unified.JointWalk``, from the persistent
+  queues and the kept values) holds, in the same order, exactly the candidates and values
+  that ``joint_recency`` / ``ranking.ranked_efficiency`` give computed afresh
+  (``check_joint_build``);
 - unified memory (``--enable-unified-memory``): no byte of the shared buffer leaked (SGLang's
   own ``verify_byte_accounting``), its KV and state sub-allocators hold exactly what the tree
   holds, and the Mamba slot ids likewise;
@@ -19,8 +24,11 @@ import math
 
 from sglang.srt.mem_cache.unified_cache.components.base import ComponentType, EvictLayer
 
-from sglang_marconi.policy.ranking import nearest_state_depth
-from sglang_marconi.sglang_integration.components import SGLANG_TREE, STATE_DEPTH, state_recency
+from sglang_marconi.policy.ranking import freed_bytes, nearest_state_depth, ranked_efficiency
+from sglang_marconi.sglang_integration.components import (SAVED, SGLANG_TREE, STATE_DEPTH,
+                                                           has_state, state_recency, token_depth)
+from sglang_marconi.sglang_integration.unified import (JointWalk, droppable_inner_state,
+                                                        joint_recency, takes_stock_walk)
 
 FULL, MAMBA = ComponentType.FULL, ComponentType.MAMBA
 
@@ -82,8 +90,13 @@ def check_queues(cache) -> None:
             assert (node in mamba_q) == (cd.lock_ref == 0), (
                 f"node {node.id}: lock_ref {cd.lock_ref}, queued {node in mamba_q}")
             kept = getattr(node, STATE_DEPTH, None)
-            assert kept is None or kept == nearest_state_depth(SGLANG_TREE, node), (
+            nearest = nearest_state_depth(SGLANG_TREE, node)
+            assert kept is None or kept == nearest, (
                 f"node {node.id}: kept nearest state depth {kept}")
+            saved = getattr(node, SAVED, None)
+            assert saved is None or saved == policy.spec.flops_saved(token_depth(node),
+                                                                     nearest), (
+                f"node {node.id}: kept FLOPs saved {saved}")
             r, e = mamba_q.entry(node)
             assert r == state_recency(node), f"node {node.id}: recency {r}"
             assert math.isclose(e, policy.state_pool_efficiency(node), rel_tol=1e-9), (
@@ -95,6 +108,42 @@ def check_queues(cache) -> None:
             assert r <= node.last_access_time, f"leaf {node.id}: recency ahead of the tree"
             assert math.isclose(e, policy.kv_pool_efficiency(node), rel_tol=1e-9), (
                 f"leaf {node.id}: KV efficiency {e}")
+    if getattr(cache, "unified", False) and not takes_stock_walk(policy):
+        check_joint_build(cache)
+
+
+def fresh_joint_rows(cache) -> list:
+    """What a joint walk's queue must hold: (node, recency, efficiency, aging base) of every
+    valid candidate of the persistent queues (FULL's first, a state's base winning), oldest
+    first (stable), each value computed afresh (no kept depth or FLOPs: a walk up the tree)."""
+    policy = cache.marconi
+    spec = policy.spec
+    weight = policy.reuse_weight if policy.reuse is not None else None
+    leaves = cache.tree_core.evictable_device_leaves
+    bases = {}
+    for ct in (FULL, MAMBA):
+        bases.update((node, base) for node, _, _, base in cache.components[ct].queue.candidates())
+    rows = []
+    for node, base in bases.items():
+        leaf = node in leaves
+        if leaf or droppable_inner_state(node):
+            freed = freed_bytes(spec.kv_bytes_per_token, spec.ssm_state_bytes, len(node.key),
+                                leaf, has_state(node))
+            rows.append((node, joint_recency(cache, node),
+                         ranked_efficiency(spec, SGLANG_TREE, node, freed, weight), base))
+    rows.sort(key=lambda row: row[1])
+    return rows
+
+
+def check_joint_build(cache) -> None:
+    """A joint walk built now ranks what ``fresh_joint_rows`` gives, value for value (exact
+    floats: the same keys, so the same victims, ties included) and in the same order."""
+    built = JointWalk(cache).queue.candidates()  # insertion order: the tie-break order
+    fresh = fresh_joint_rows(cache)
+    assert len(built) == len(fresh), f"joint walk: {len(built)} candidates, {len(fresh)} fresh"
+    for got, want in zip(built, fresh):
+        assert got == want, (f"joint walk: node {got[0].id} (recency, efficiency, base) "
+                             f"{got[1:]}, fresh node {want[0].id} {want[1:]}")
 
 
 def check_idle(cache) -> dict:

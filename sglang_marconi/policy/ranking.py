@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Callable, Iterator, Optional, Protocol
 
 from sglang_marconi.model.cost import CostModel
-from sglang_marconi.policy.scoring import flop_efficiency
+from sglang_marconi.policy.scoring import per_byte
 
 
 class TreeAdapter(Protocol):
@@ -62,13 +62,26 @@ def nearest_state_depth(tree: TreeAdapter, node) -> int:
 
 def ranked_efficiency(spec: CostModel, tree: TreeAdapter, node, freed_bytes: float,
                       weight: Optional[Callable] = None,
-                      ancestor_depth: Callable = nearest_state_depth) -> float:
+                      ancestor_depth: Callable = nearest_state_depth,
+                      saved: Optional[Callable] = None) -> float:
     """FLOPs a hit at ``node`` saves over its nearest checkpointed ancestor per byte freed,
     times ``weight(node)`` (marconi+'s reuse likelihood) when given. ``ancestor_depth``
-    answers ``nearest_state_depth(tree, node)`` (a tree may keep the answers)."""
+    answers ``nearest_state_depth(tree, node)`` (a tree may keep the answers); ``saved``
+    answers ``spec.flops_saved(depth, ancestor depth)`` of a node with a state (a tree may
+    keep those too)."""
     if not tree.has_state(node):
         return 0.0  # cannot end a hit (``flop_efficiency``'s rule): no walk to its ancestors
-    e = flop_efficiency(spec, tree.depth(node), ancestor_depth(tree, node), freed_bytes)
+    flops = (saved(node) if saved is not None
+             else spec.flops_saved(tree.depth(node), ancestor_depth(tree, node)))
+    return weighted_efficiency(flops, freed_bytes, node, weight)
+
+
+def weighted_efficiency(flops_saved: float, freed_bytes: float, node,
+                        weight: Optional[Callable] = None) -> float:
+    """``ranked_efficiency`` of a node with a state from the FLOPs its hit saves:
+    ``scoring.flop_efficiency``'s quotient, times ``weight(node)`` when given and the
+    quotient is not 0."""
+    e = per_byte(flops_saved, freed_bytes)
     return e * weight(node) if weight is not None and e else e
 
 

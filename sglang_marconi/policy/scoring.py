@@ -39,7 +39,12 @@ def flop_efficiency(spec: CostModel, prefix_len: int, ancestor_prefix_len: int, 
     divided by the bytes its eviction frees. A node without a state cannot end a hit: 0."""
     if not has_state or freed_bytes <= 0:
         return 0.0
-    return spec.flops_saved(prefix_len, ancestor_prefix_len) / freed_bytes
+    return per_byte(spec.flops_saved(prefix_len, ancestor_prefix_len), freed_bytes)
+
+
+def per_byte(flops_saved: float, freed_bytes: float) -> float:
+    """``flop_efficiency`` of a state from the FLOPs its hit saves (0 when nothing is freed)."""
+    return flops_saved / freed_bytes if freed_bytes > 0 else 0.0
 
 
 def utility(recency_norm: float, efficiency_norm: float, alpha: float) -> float:
@@ -136,6 +141,10 @@ class VictimQueue:
         """(node, recency, efficiency, base) of every live candidate (unordered)."""
         return [(n, e[1], e[2], e[4]) for n, e in self._live.items()]
 
+    def bases(self) -> dict:
+        """node -> aging base of every live candidate, in the queue's insertion order."""
+        return {n: e[4] for n, e in self._live.items()}
+
     def add_aged(self, node, recency: float, efficiency: float, base: float) -> None:
         """``update`` a new candidate keyed from aging base ``base`` (gdsf), not the clock."""
         clock, self.clock = self.clock, base
@@ -144,15 +153,17 @@ class VictimQueue:
         finally:
             self.clock = clock
 
-    def load_aged(self, rows) -> None:
+    def load_aged(self, rows: list) -> None:
         """``add_aged`` every (node, recency, efficiency, base) of ``rows`` in order, then
         ``refresh``: the queue that makes, with one heap build instead of a push per row.
         For nodes the queue does not hold yet (each once)."""
         live, version, seq = self._live, self._version, self._seq
-        for node, recency, efficiency, base in rows:
-            if node in live or node in self._suspended:
-                raise ValueError("load_aged: a node the queue already holds")
-            live[node] = (next(version), recency, efficiency, next(seq), base)
+        held = len(live)
+        live.update([(node, (next(version), recency, efficiency, next(seq), base))
+                     for node, recency, efficiency, base in rows])
+        if len(live) != held + len(rows) or not self._suspended.keys().isdisjoint(
+                row[0] for row in rows):
+            raise ValueError("load_aged: a node the queue already holds")
         self._rebuild()
 
     def is_suspended(self, node) -> bool:
@@ -196,8 +207,17 @@ class VictimQueue:
             r_lo, e_lo = min(rs), min(es)
             self._bounds = (r_lo, (max(rs) - r_lo) or 1.0, e_lo, (max(es) - e_lo) or 1.0)
             self._normalised = True
-        self._heap = [(self._key(r, e, b), seq, ver, node)
-                      for node, (ver, r, e, seq, b) in live.items()]
+        # ``_key`` of every entry, its arithmetic inlined per mode (the same operations in
+        # the same order, so the same floats): one rebuild keys every candidate
+        if self.mode == "gdsf":
+            self._heap = [(b + e, seq, ver, node) for node, (ver, r, e, seq, b) in live.items()]
+        elif self.alpha == 0.0:
+            self._heap = [(r, seq, ver, node) for node, (ver, r, e, seq, b) in live.items()]
+        else:
+            r_lo, r_span, e_lo, e_span = self._bounds
+            alpha = self.alpha
+            self._heap = [((r - r_lo) / r_span + alpha * ((e - e_lo) / e_span), seq, ver, node)
+                          for node, (ver, r, e, seq, b) in live.items()]
         heapq.heapify(self._heap)
         self._pushes = 0
         self.rebuilds += 1

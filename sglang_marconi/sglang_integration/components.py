@@ -70,6 +70,7 @@ FULL = ComponentType.FULL
 STAMP = "marconi_used"  # ComponentData.metadata key: when the state was last used
 DEPTH = "_marconi_depth"  # node attribute: tokens from the root to the node's end
 STATE_DEPTH = "_marconi_state_depth"  # node attribute: ``cached_state_depth``'s answer
+SAVED = "_marconi_saved"  # node attribute: ``cached_flops_saved``'s answer
 KEYED_WEIGHT = "_marconi_keyed_weight"  # node attribute: marconi+'s reuse weight in its MAMBA key
 INSERT_OFFSET = 0.5  # an insert is stamped after the latest match, before the next one
 
@@ -114,9 +115,23 @@ def cached_state_depth(tree, node) -> int:
     return d
 
 
+def cached_flops_saved(spec, node) -> float:
+    """FLOPs a hit at ``node`` saves over its nearest checkpointed ancestor
+    (``spec.flops_saved`` of ``token_depth`` and ``cached_state_depth``), kept on the node
+    and forgotten with its state depth (a node's end depth never changes). One cost model
+    per tree (the cache's)."""
+    f = getattr(node, SAVED, None)
+    if f is None:
+        f = spec.flops_saved(token_depth(node), cached_state_depth(SGLANG_TREE, node))
+        setattr(node, SAVED, f)
+    return f
+
+
 def forget_state_depth(node) -> None:
+    """Forget ``cached_state_depth``'s and ``cached_flops_saved``'s answers for ``node``."""
     if getattr(node, STATE_DEPTH, None) is not None:
         setattr(node, STATE_DEPTH, None)
+        setattr(node, SAVED, None)
 
 
 class _SGLangTree(LinkedTree):

@@ -68,6 +68,7 @@ from sglang_marconi.sglang_integration.admission_plans import AdmissionPlans
 from sglang_marconi.sglang_integration.components import MAMBA as SGLANG_MAMBA
 from sglang_marconi.sglang_integration.components import FULL as SGLANG_FULL
 from sglang_marconi.sglang_integration.components import (SGLANG_TREE, TIER_TREE,
+                                                           cached_flops_saved,
                                                            cached_state_depth, has_state)
 from sglang_marconi.sglang_integration.options import MarconiSettings
 from sglang_marconi.sglang_integration.stats import MarconiStats
@@ -224,7 +225,12 @@ class MarconiPolicyState(AdmissionPlans):
     def _efficiency(self, node, freed_bytes: float) -> float:
         return ranked_efficiency(self.spec, SGLANG_TREE, node, freed_bytes,
                                  self.reuse_weight if self.reuse is not None else None,
-                                 ancestor_depth=cached_state_depth)
+                                 ancestor_depth=cached_state_depth, saved=self._saved)
+
+    def _saved(self, node) -> float:
+        """FLOPs a hit at ``node`` saves over its nearest checkpointed ancestor (kept on
+        the node: ``components.cached_flops_saved``)."""
+        return cached_flops_saved(self.spec, node)
 
     def reuse_weight(self, node) -> float:
         """marconi+: ``ReuseWeight`` of a tree node (its hit score and the most children it

@@ -16,9 +16,11 @@ shared buffer, reuse-weighted for marconi+) with recency on the request clock (a
 its stamp; a KV-only leaf: the request during which SGLang last touched it,
 ``JointMambaComponent`` records the counter at each match), in a ``VictimQueue`` with the
 persistent queues' mode and alpha. The walk-local queue is built from the two persistent
-queues' live candidates at the start of a joint walk (O(n log n) once per walk, one heap
-build, no tree walk: a state's nearest checkpointed ancestor is kept on its node,
-``components.cached_state_depth``), and a parent that becomes an evictable leaf joins it.
+queues' live candidates at the start of a joint walk (``joint_rows``: O(n log n) once per
+walk, one heap build, no tree walk: a state's nearest checkpointed ancestor and the FLOPs a
+hit saves over it are kept on its node, ``components.cached_state_depth`` and
+``cached_flops_saved``; ``harness.invariants.check_joint_build`` compares a build with a
+fresh computation), and a parent that becomes an evictable leaf joins it.
 
 What stays SGLang's: Mamba slot ids are a separate resource ("Full KV can supply bytes but
 cannot recycle Mamba virtual IDs"): a slot-id shortfall is met first by the stock MAMBA
@@ -36,13 +38,14 @@ from sglang.srt.mem_cache.base_prefix_cache import EvictParams, EvictResult
 from sglang.srt.mem_cache.unified_cache.components import base as components_base
 from sglang.srt.mem_cache.unified_cache.components.base import EvictLayer, LRURefreshPhase
 
-from sglang_marconi.policy.ranking import freed_bytes
+from sglang_marconi.policy.ranking import freed_bytes, weighted_efficiency
 from sglang_marconi.policy.scoring import VictimQueue
 from sglang_marconi.sglang_integration.components import (
     FULL,
     MAMBA,
     MarconiFullComponent,
     MarconiMambaComponent,
+    cached_flops_saved,
     has_state,
     state_recency,
 )
@@ -80,9 +83,12 @@ class JointMambaComponent(MarconiMambaComponent):
 def joint_recency(cache, node) -> float:
     """A candidate's recency on the request clock: a state's stamp; a KV-only node's last
     access, read through the counters ``JointMambaComponent`` records."""
-    if has_state(node):
-        return state_recency(node)
-    counters, clocks = cache.joint_clocks
+    return state_recency(node) if has_state(node) else kv_recency(cache.joint_clocks, node)
+
+
+def kv_recency(joint_clocks, node) -> float:
+    """``joint_recency`` of a node without a state: the request clock of its last match."""
+    counters, clocks = joint_clocks
     i = bisect.bisect_right(counters, node.last_access_time) - 1
     return clocks[i] if i >= 0 else 0
 
@@ -95,6 +101,37 @@ def joint_efficiency(cache, node, leaf: bool) -> float:
     return cache.marconi._efficiency(node, freed)
 
 
+def joint_rows(cache, bases: dict) -> list:
+    """(node, ``joint_recency``, ``joint_efficiency``, aging base) of the joint walk's valid
+    candidates among ``bases`` (node -> aging base), oldest first (a stable sort: ties keep
+    ``bases``' order). The same values as those two functions, with what is common to
+    every candidate read once: a build ranks about 600 candidates, once per state-slot
+    allocation on a full buffer, and is most of the longest steps' cache time."""
+    policy = cache.marconi
+    spec = policy.spec
+    kv_bytes, state_bytes = spec.kv_bytes_per_token, spec.ssm_state_bytes
+    weight = policy.reuse_weight if policy.reuse is not None else None
+    leaves = cache.tree_core.evictable_device_leaves
+    joint_clocks = cache.joint_clocks
+    rows = []  # (recency, node, efficiency, base)
+    for node, base in bases.items():
+        cd = node.component_data[MAMBA]
+        leaf = node in leaves
+        if cd.value is None:  # KV only: ranks 0 (``ranking.ranked_efficiency``)
+            if leaf:
+                rows.append((kv_recency(joint_clocks, node), node, 0.0, base))
+        elif leaf or droppable_inner_state(node):  # ``JointWalk.valid``
+            freed = freed_bytes(kv_bytes, state_bytes, len(node.key) if leaf else 0, leaf,
+                                True)
+            rows.append((state_recency(node), node,
+                         weighted_efficiency(cached_flops_saved(spec, node), freed, node,
+                                             weight), base))
+    # oldest first: equal keys (marconi+'s unhit states all weigh 0) leave in LRU order, as
+    # in the persistent queues and the simulator
+    rows.sort(key=_first)
+    return [(node, recency, efficiency, base) for recency, node, efficiency, base in rows]
+
+
 class JointWalk:
     """The walk-local ranking of one byte-driven eviction over both kinds of candidate."""
 
@@ -104,23 +141,9 @@ class JointWalk:
         mamba, full = cache.components[MAMBA], cache.components[FULL]
         self.queue = VictimQueue(mamba.queue.alpha, mode=mamba.queue.mode)
         self.queue.clock = max(mamba.queue.clock, full.queue.clock)
-        bases = {}
-        for q in (full.queue, mamba.queue):  # a leaf with a state: the state's aging base
-            bases.update((node, base) for node, _, _, base in q.candidates())
-        leaves = cache.tree_core.evictable_device_leaves
-        rows = []  # (recency, node, is leaf, holds a state, base) of the valid candidates
-        for node, base in bases.items():
-            state = node.component_data[MAMBA].value is not None
-            leaf = node in leaves
-            if leaf or droppable_inner_state(node):  # ``valid``
-                rows.append((joint_recency(cache, node), node, leaf, state, base))
-        # oldest first (a stable sort: ties keep the queues' order): equal keys (marconi+'s
-        # unhit states all weigh 0) leave in LRU order, as in the persistent queues and the
-        # simulator. A candidate without a state ranks 0 (``ranking.ranked_efficiency``).
-        rows.sort(key=_first)
-        self.queue.load_aged([(node, recency,
-                               joint_efficiency(cache, node, leaf) if state else 0.0, base)
-                              for recency, node, leaf, state, base in rows])
+        bases = full.queue.bases()
+        bases.update(mamba.queue.bases())  # a leaf with a state: the state's aging base
+        self.queue.load_aged(joint_rows(cache, bases))
 
     def is_leaf(self, node) -> bool:
         return node in self.cache.tree_core.evictable_device_leaves
@@ -182,6 +205,11 @@ class JointFullComponent(MarconiFullComponent):
         return walk.next_node(self, tracker, device_frees, host_frees, cache_actions)
 
 
+def takes_stock_walk(policy) -> bool:
+    """marconi at alpha 0 ranks as LRU: SGLang's own ``evict_for_alloc``, no joint walk."""
+    return policy.queue_mode != "gdsf" and policy.alpha == 0
+
+
 def _add(result: EvictResult, more: EvictResult) -> None:
     result.num_tokens_evicted += more.num_tokens_evicted
     result.swa_num_tokens_evicted += more.swa_num_tokens_evicted
@@ -191,9 +219,8 @@ def _add(result: EvictResult, more: EvictResult) -> None:
 def joint_evict_for_alloc(cache, params, stock, allocation_reclaim_satisfied=None):
     """``evict_for_alloc`` with one ranking over KV leaves and states (see module doc);
     ``stock`` is SGLang's method, taken for LRU (alpha 0) and the quota form."""
-    policy = cache.marconi
-    lru = policy.queue_mode != "gdsf" and policy.alpha == 0
-    if lru or allocation_reclaim_satisfied is not None or cache.disable:
+    if (takes_stock_walk(cache.marconi) or allocation_reclaim_satisfied is not None
+            or cache.disable):
         return stock(params, allocation_reclaim_satisfied=allocation_reclaim_satisfied)
     allocator = cache.token_to_kv_pool_allocator
     donor = allocator.mamba_full_cache_donor()
