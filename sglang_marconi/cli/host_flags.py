@@ -11,9 +11,8 @@ is given (``PoolConfig.hicache_ratio``)."""
 from __future__ import annotations
 
 from sglang_marconi.cli.pool_flags import _positive_float
-from sglang_marconi.driver.sizing import ratio_for_size
 from sglang_marconi.errors import UserError
-from sglang_marconi.policy.stock_host import HostPools
+from sglang_marconi.policy.stock_host import HostPools, ratio_for_size
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 DEFAULT_RATIO = 2.0  # SGLang's --hicache-ratio default in the host-cache mode

@@ -8,6 +8,12 @@ from sglang_marconi.cli.common import (add_model_arguments, human_bytes, human_f
                                             print_json)
 from sglang_marconi.cli.host_flags import DEFAULT_RATIO, add_host_arguments, host_enabled
 from sglang_marconi.errors import UserError
+from sglang_marconi.policy.stock_host import WRITE_POLICIES
+from sglang_marconi.sim.generators import generate
+from sglang_marconi.sim.latency import LatencyModel
+from sglang_marconi.sim.policies import HostTier, parse_policies
+from sglang_marconi.sim.runner import simulate
+from sglang_marconi.sim.traces import read_trace
 
 
 def add_arguments(parser) -> None:
@@ -43,9 +49,6 @@ def add_arguments(parser) -> None:
 def host_tier(args):
     """The host tier from ``ab``'s flags (``cli.host_flags``), None without them; what the
     simulator does not build is refused."""
-    from sglang_marconi.policy.stock_host import WRITE_POLICIES
-    from sglang_marconi.sim.policies import HostTier
-
     if not host_enabled(args):
         return None
     if args.hicache_storage_backend is not None:
@@ -61,9 +64,6 @@ def host_tier(args):
 
 
 def load_trace(args):
-    from sglang_marconi.sim.generators import generate
-    from sglang_marconi.sim.traces import read_trace
-
     if bool(args.trace) == bool(args.workload):
         raise UserError("give exactly one of --trace PATH or --workload NAME")
     if args.trace:
@@ -80,10 +80,6 @@ def load_trace(args):
 
 
 def run(args) -> int:
-    from sglang_marconi.sim.latency import LatencyModel
-    from sglang_marconi.sim.policies import parse_policies
-    from sglang_marconi.sim.runner import simulate
-
     if args.grid < 1:
         raise UserError("--grid must be >= 1")
     policies = parse_policies(args.policies)
@@ -97,7 +93,7 @@ def run(args) -> int:
     runs = [simulate(trace, spec, cap, policies, args.grid, latency, progress, args.jobs, host)
             for cap in caps]
     if args.plot:
-        from sglang_marconi.sim.plots import plot_runs
+        from sglang_marconi.sim.plots import plot_runs  # heavy: matplotlib
 
         plot_runs(runs, args.plot)
     if args.json:

@@ -151,12 +151,3 @@ def size_pools(spec, cache_gb: float, memory: str = "static", *,
                      kv_bytes_per_token=kv_per_token, state_bytes=per_slot,
                      page_size=page_size, static_kv_tokens=kv_tokens)
 
-
-HICACHE_GB = 1e9  # --hicache-size is in 10**9 bytes (pool_host/mamba.py, mha.py)
-
-
-def ratio_for_size(size_gb: float, spec, kv_tokens: int, mamba_slots: int) -> float:
-    """Host slots per device slot for ``--hicache-size size_gb``, the same for both pools
-    (SGLang's proportional split)."""
-    device_bytes = kv_tokens * spec.kv_bytes_per_token + mamba_slots * spec.ssm_state_bytes
-    return size_gb * HICACHE_GB / device_bytes

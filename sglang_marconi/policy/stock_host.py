@@ -63,6 +63,16 @@ WRITE_THROUGH_THRESHOLD = {"write_through": 1, "write_through_selective": 2}
 WRITE_POLICIES = tuple(WRITE_THROUGH_THRESHOLD)
 
 
+HICACHE_GB = 1e9  # --hicache-size is in 10**9 bytes (pool_host/mamba.py, mha.py)
+
+
+def ratio_for_size(size_gb: float, spec, kv_tokens: int, mamba_slots: int) -> float:
+    """Host slots per device slot for ``--hicache-size size_gb``, the same for both pools
+    (SGLang's proportional split, ``hybrid_pool_assembler.py`` ``_split_hicache_size``)."""
+    device_bytes = kv_tokens * spec.kv_bytes_per_token + mamba_slots * spec.ssm_state_bytes
+    return size_gb * HICACHE_GB / device_bytes
+
+
 @dataclass(frozen=True)
 class HostPools:
     """The host tier's two pools: KV token slots and state slots."""

@@ -49,7 +49,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sglang_marconi.driver.sizing import ratio_for_size
 from sglang_marconi.errors import UserError
 from sglang_marconi.policy import defaults
 from sglang_marconi.policy.defaults import NO_CAP
@@ -59,7 +58,7 @@ from sglang_marconi.policy.in_sglang import MarconiSGLangCache
 from sglang_marconi.policy.likelihood import ReuseWeight
 from sglang_marconi.policy.offline import offline_cache
 from sglang_marconi.policy.stock import StockSGLangCache
-from sglang_marconi.policy.stock_host import HostPools, StockHiCache
+from sglang_marconi.policy.stock_host import HostPools, StockHiCache, ratio_for_size
 
 BASE_POLICIES = ("vllm+", "paper-sglang+", "marconi", "infinite")
 # names that meant something else before: an error that says what to write now
