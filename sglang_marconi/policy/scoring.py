@@ -158,12 +158,12 @@ class VictimQueue:
         ``refresh``: the queue that makes, with one heap build instead of a push per row.
         For nodes the queue does not hold yet (each once)."""
         live, version, seq = self._live, self._version, self._seq
-        held = len(live)
+        nodes = {row[0] for row in rows}
+        if (len(nodes) != len(rows) or not live.keys().isdisjoint(nodes)
+                or not self._suspended.keys().isdisjoint(nodes)):
+            raise ValueError("load_aged: a node the queue already holds")  # nothing changed
         live.update([(node, (next(version), recency, efficiency, next(seq), base))
                      for node, recency, efficiency, base in rows])
-        if len(live) != held + len(rows) or not self._suspended.keys().isdisjoint(
-                row[0] for row in rows):
-            raise ValueError("load_aged: a node the queue already holds")
         self._rebuild()
 
     def is_suspended(self, node) -> bool:

@@ -358,6 +358,8 @@ class StockHiCache(StockSGLangCache):
         """A free state host slot; when the pool is full, the MAMBA host walk
         (``components/mamba.py`` ``drive_host_eviction``) frees the least recently
         demoted host-only state: a host leaf goes whole, any other node keeps its KV."""
+        if self.host_states < self.host.state_slots:
+            return True
         for victim in list(self._host_state_lru):
             if self.host_states < self.host.state_slots:
                 break

@@ -35,7 +35,7 @@ from sglang_marconi.serving.arrivals import arrivals_for_load, arrivals_scaled, 
 from sglang_marconi.serving.metrics import request_stats
 from sglang_marconi.serving.router import make_router, text_for_input_ids, tokens_within_chars
 from sglang_marconi.serving.router_marconi import COST_ROUTERS, make_cost_router
-from sglang_marconi.serving.scheduler import ServerCrash, ServingScheduler, stdout_discarded
+from sglang_marconi.serving.scheduler import ServerCrash, ServingScheduler
 
 
 @dataclass
@@ -124,7 +124,6 @@ class Cluster:
         with contextlib.ExitStack() as stack:
             for sched in self.replicas:
                 stack.enter_context(sched.gc)
-            stack.enter_context(stdout_discarded())
             try:
                 for i in order:
                     self.advance(arrivals[i])

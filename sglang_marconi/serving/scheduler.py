@@ -60,10 +60,7 @@ overlap switch (``SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP``) is off, as by de
 """
 from __future__ import annotations
 
-import contextlib
 import heapq
-import os
-import sys
 import types
 from collections import Counter, deque
 from dataclasses import dataclass
@@ -87,39 +84,22 @@ from sglang_marconi.serving.clock import CacheTimer
 # the first words of the RuntimeErrors SGLang's allocators raise when a batch's memory is
 # not there (mem_cache/allocation.py: alloc_token_slots, alloc_paged_token_slots_extend,
 # the decode allocation); the scheduler process, and so the server, exits on them
-SGLANG_OOM_PREFIXES = ("Prefill out of memory", "Decode out of memory", "Out of memory")
+SGLANG_OOM_PREFIXES = ("Prefill out of memory", "Decode out of memory", "Out of memory",
+                       "alloc_req_slots runs out of memory")
 
 
 class ServerCrash(RuntimeError):
     """SGLang's scheduler raised where a real server's scheduler process would exit."""
 
 
-def crash_description(exc: BaseException, now: float, completed: int) -> Optional[str]:
-    """One line for an SGLang allocation failure (None for any other exception)."""
-    first = str(exc).strip().splitlines()
-    if not isinstance(exc, RuntimeError) or not first or not first[0].startswith(
-            SGLANG_OOM_PREFIXES):
+def crash_description(exc: RuntimeError, now: float, completed: int) -> Optional[str]:
+    """One line for an SGLang allocation failure (None for any other RuntimeError)."""
+    lines = str(exc).strip().splitlines()
+    if not lines or not lines[0].startswith(SGLANG_OOM_PREFIXES):
         return None
-    detail = "; ".join(line.strip() for line in first[1:3])
-    return (f"SGLang raised '{first[0]}' ({detail}) at t={now:.1f} s, after "
+    detail = "; ".join(line.strip() for line in lines[1:3])
+    return (f"SGLang raised '{lines[0]}' ({detail}) at t={now:.1f} s, after "
             f"{completed:,} requests completed")
-
-
-@contextlib.contextmanager
-def stdout_discarded():
-    """File descriptor 1 goes to the null device: before raising out of memory SGLang
-    prints the whole radix tree (``pretty_print``; the compiled tree core writes to the
-    descriptor itself), which would bury the table or break ``--json``."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 1)
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 @dataclass(frozen=True)
@@ -221,6 +201,11 @@ class ServingScheduler:
         self.retractions = 0
         self.ingested = self.completed = 0  # requests arrived / finished or aborted
         self.crash: Optional[str] = None      # what SGLang raised, when the server died
+        # before raising out of memory SGLang's allocators print the whole radix tree
+        # (``tree_cache.pretty_print()``, allocation.py 169/245/619; the compiled tree core
+        # writes to the descriptor itself), which would bury the table or break --json:
+        # serve-sim reports the crash instead (``crash``)
+        cache.pretty_print = lambda: None
 
     # -- the loops ----------------------------------------------------------------------
     def done(self) -> bool:
@@ -340,7 +325,7 @@ class ServingScheduler:
         """Steps until every request is done, or until SGLang crashes the server
         (``crash`` says how; the requests left are neither finished nor aborted)."""
         reported = 0
-        with self.gc, stdout_discarded():
+        with self.gc:
             while not self.done():
                 try:
                     self.step()
