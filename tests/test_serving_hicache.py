@@ -187,7 +187,9 @@ def test_cli_host_flags_section_and_table(tmp_path, capsys):
                           "--hicache-ratio", "3", "--pcie-gb-s", "32", "--json"))
     host_cfg = out["config"]["host"]
     assert host_cfg["write_policy"] == "write_through" and host_cfg["hicache_ratio"] == 3.0
-    assert host_cfg["kv_tokens"] == 3 * out["config"]["pools"]["kv_tokens"]
+    # SGLang's host KV pool: 3 x the device's, floored to its page, plus one page
+    page = out["config"]["pools"]["page_size"]
+    assert host_cfg["kv_tokens"] == (3 * out["config"]["pools"]["kv_tokens"] // page + 1) * page
     assert out["config"]["gpu"]["pcie_bytes_s"] == 32e9
     for run in out["runs"]:
         assert run["finished"] == 12

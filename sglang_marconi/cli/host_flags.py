@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from sglang_marconi.cli.pool_flags import _positive_float
 from sglang_marconi.errors import UserError
-from sglang_marconi.policy.stock_host import HostPools, ratio_for_size
+from sglang_marconi.policy.stock_host import DEFAULT_HICACHE_RATIO, HostPools, host_ratio as _ratio
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
-DEFAULT_RATIO = 2.0  # SGLang's --hicache-ratio default in the host-cache mode
 
 
 def add_host_arguments(parser) -> None:
@@ -25,7 +24,7 @@ def add_host_arguments(parser) -> None:
                        help="host memory in GB (10**9 bytes), split between KV and states "
                             "as SGLang splits it; overrides --hicache-ratio")
     group.add_argument("--hicache-ratio", type=_positive_float, default=None,
-                       help=f"host pools = R x the device pools (default {DEFAULT_RATIO:g})")
+                       help=f"host pools = R x the device pools (default {DEFAULT_HICACHE_RATIO:g})")
     group.add_argument("--hicache-write-policy", choices=WRITE_POLICIES, default=None,
                        help="when a node is backed up to host (default write_through)")
     group.add_argument("--hicache-storage-backend", choices=("file",), default=None,
@@ -41,9 +40,7 @@ def host_enabled(args) -> bool:
 
 def host_ratio(args, spec, kv_tokens: int, mamba_slots: int) -> float:
     """Host slots per device slot: ``--hicache-ratio`` or from ``--hicache-size``."""
-    if args.hicache_size is None:
-        return args.hicache_ratio or DEFAULT_RATIO
-    return ratio_for_size(args.hicache_size, spec, kv_tokens, mamba_slots)
+    return _ratio(args.hicache_size, args.hicache_ratio, spec, kv_tokens, mamba_slots)
 
 
 def resolve_host(args, spec, kv_tokens: int, mamba_slots: int, unified) -> dict:

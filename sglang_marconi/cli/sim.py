@@ -6,7 +6,7 @@ import sys
 from sglang_marconi.cli.common import (add_model_arguments, human_bytes, human_flops,
                                             model_from_args, parse_bytes, parse_params,
                                             print_json)
-from sglang_marconi.cli.host_flags import DEFAULT_RATIO, add_host_arguments, host_enabled
+from sglang_marconi.cli.host_flags import add_host_arguments, host_enabled
 from sglang_marconi.errors import UserError
 from sglang_marconi.policy.stock_host import WRITE_POLICIES
 from sglang_marconi.sim.generators import generate
@@ -58,9 +58,7 @@ def host_tier(args):
     if policy not in WRITE_POLICIES:
         raise UserError(f"--hicache-write-policy {policy}: the simulator's host tier is "
                         f"built for {', '.join(WRITE_POLICIES)} only (ab models every policy)")
-    if args.hicache_size is None:
-        return HostTier(ratio=args.hicache_ratio or DEFAULT_RATIO, write_policy=policy)
-    return HostTier(size_gb=args.hicache_size, write_policy=policy)
+    return HostTier(size_gb=args.hicache_size, ratio=args.hicache_ratio, write_policy=policy)
 
 
 def load_trace(args):

@@ -73,6 +73,17 @@ def ratio_for_size(size_gb: float, spec, kv_tokens: int, mamba_slots: int) -> fl
     return size_gb * HICACHE_GB / device_bytes
 
 
+DEFAULT_HICACHE_RATIO = 2.0  # SGLang's --hicache-ratio default in the host-cache mode
+
+
+def host_ratio(size_gb, ratio, spec, kv_tokens: int, mamba_slots: int) -> float:
+    """Host slots per device slot: from ``--hicache-size`` when given, else
+    ``--hicache-ratio`` (SGLang's default when neither)."""
+    if size_gb is None:
+        return ratio or DEFAULT_HICACHE_RATIO
+    return ratio_for_size(size_gb, spec, kv_tokens, mamba_slots)
+
+
 @dataclass(frozen=True)
 class HostPools:
     """The host tier's two pools: KV token slots and state slots."""

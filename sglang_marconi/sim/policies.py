@@ -58,7 +58,7 @@ from sglang_marconi.policy.in_sglang import MarconiSGLangCache
 from sglang_marconi.policy.likelihood import ReuseWeight
 from sglang_marconi.policy.offline import offline_cache
 from sglang_marconi.policy.stock import StockSGLangCache
-from sglang_marconi.policy.stock_host import HostPools, StockHiCache, ratio_for_size
+from sglang_marconi.policy.stock_host import HostPools, StockHiCache, host_ratio
 
 BASE_POLICIES = ("vllm+", "paper-sglang+", "marconi", "infinite")
 # names that meant something else before: an error that says what to write now
@@ -137,8 +137,7 @@ class HostTier:
     write_policy: str = "write_through"
 
     def pools(self, spec, kv_tokens: int, state_slots: int, page: int = 64) -> HostPools:
-        ratio = (ratio_for_size(self.size_gb, spec, kv_tokens, state_slots)
-                 if self.size_gb is not None else self.ratio)
+        ratio = host_ratio(self.size_gb, self.ratio, spec, kv_tokens, state_slots)
         return HostPools.from_ratio(ratio, kv_tokens, state_slots, self.write_policy, page)
 
 
