@@ -83,7 +83,8 @@ from sglang_marconi.serving.clock import CacheTimer
 
 # the first words of the RuntimeErrors SGLang's allocators raise when a batch's memory is
 # not there (mem_cache/allocation.py: alloc_token_slots, alloc_paged_token_slots_extend,
-# the decode allocation); the scheduler process, and so the server, exits on them
+# the decode allocation, alloc_req_slots); the scheduler process, and so the server, exits
+# on them
 SGLANG_OOM_PREFIXES = ("Prefill out of memory", "Decode out of memory", "Out of memory",
                        "alloc_req_slots runs out of memory")
 
