@@ -7,7 +7,7 @@
   evictable leaves) with the inputs a fresh computation gives (a leaf's recency may lag
   its ``last_access_time``: the walk re-keys it when popped), and a state's kept nearest
   checkpointed ancestor depth, and the FLOPs a hit there saves over it, are the ones a
-  walk up the tree gives;
+  walk up the tree gives; marconi+: a queued state's key holds the reuse weight it has now;
 - unified memory: a joint walk built now (``unified.JointWalk``, from the persistent
   queues and the kept values) holds, in the same order, exactly the candidates and values
   that ``joint_recency`` / ``ranking.ranked_efficiency`` give computed afresh
@@ -25,8 +25,9 @@ import math
 from sglang.srt.mem_cache.unified_cache.components.base import ComponentType, EvictLayer
 
 from sglang_marconi.policy.ranking import freed_bytes, nearest_state_depth, ranked_efficiency
-from sglang_marconi.sglang_integration.components import (SAVED, SGLANG_TREE, STATE_DEPTH,
-                                                           has_state, state_recency, token_depth)
+from sglang_marconi.sglang_integration.components import (KEYED_WEIGHT, SAVED, SGLANG_TREE,
+                                                           STATE_DEPTH, has_state,
+                                                           state_recency, token_depth)
 from sglang_marconi.sglang_integration.unified import (JointWalk, droppable_inner_state,
                                                         joint_recency, takes_stock_walk)
 
@@ -99,6 +100,12 @@ def check_queues(cache) -> None:
                 f"node {node.id}: kept FLOPs saved {saved}")
             r, e = mamba_q.entry(node)
             assert r == state_recency(node), f"node {node.id}: recency {r}"
+            if policy.reuse is not None and node in mamba_q:
+                # the joint walk's build reads a candidate's weight from its key
+                keyed = getattr(node, KEYED_WEIGHT, None)
+                assert keyed == policy.reuse_weight(node), (
+                    f"node {node.id}: keyed reuse weight {keyed}, now "
+                    f"{policy.reuse_weight(node)}")
             assert math.isclose(e, policy.state_pool_efficiency(node), rel_tol=1e-9), (
                 f"node {node.id}: state efficiency {e}")
         assert (node in full_q) == (node in leaves), (

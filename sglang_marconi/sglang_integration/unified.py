@@ -38,11 +38,14 @@ from sglang.srt.mem_cache.base_prefix_cache import EvictParams, EvictResult
 from sglang.srt.mem_cache.unified_cache.components import base as components_base
 from sglang.srt.mem_cache.unified_cache.components.base import EvictLayer, LRURefreshPhase
 
-from sglang_marconi.policy.ranking import freed_bytes, weighted_efficiency
+from sglang_marconi.policy.ranking import freed_bytes
 from sglang_marconi.policy.scoring import VictimQueue
 from sglang_marconi.sglang_integration.components import (
     FULL,
+    KEYED_WEIGHT,
     MAMBA,
+    SAVED,
+    STAMP,
     MarconiFullComponent,
     MarconiMambaComponent,
     cached_flops_saved,
@@ -105,27 +108,45 @@ def joint_rows(cache, bases: dict) -> list:
     """(node, ``joint_recency``, ``joint_efficiency``, aging base) of the joint walk's valid
     candidates among ``bases`` (node -> aging base), oldest first (a stable sort: ties keep
     ``bases``' order). The same values as those two functions, with what is common to
-    every candidate read once: a build ranks about 600 candidates, once per state-slot
-    allocation on a full buffer, and is most of the longest steps' cache time."""
+    every candidate read once and the per-candidate rules inlined (``freed_bytes``,
+    ``per_byte`` and ``weighted_efficiency``'s arithmetic in the same order, so the same
+    floats; ``harness.invariants.check_joint_build`` compares a build with a fresh
+    computation): a build ranks about 600 candidates, once per state-slot allocation on a
+    full buffer, and was most of the longest steps' cache time and, for marconi+, a third
+    of its cache time on a whole trace."""
     policy = cache.marconi
     spec = policy.spec
     kv_bytes, state_bytes = spec.kv_bytes_per_token, spec.ssm_state_bytes
-    weight = policy.reuse_weight if policy.reuse is not None else None
+    weighed = policy.reuse is not None
     leaves = cache.tree_core.evictable_device_leaves
-    joint_clocks = cache.joint_clocks
+    counters, clocks = cache.joint_clocks
+    right = bisect.bisect_right
+    mamba, saved_attr, stamp, keyed_weight = MAMBA, SAVED, STAMP, KEYED_WEIGHT
     rows = []  # (recency, node, efficiency, base)
+    append = rows.append
     for node, base in bases.items():
-        cd = node.component_data[MAMBA]
+        cd = node.component_data[mamba]
         leaf = node in leaves
         if cd.value is None:  # KV only: ranks 0 (``ranking.ranked_efficiency``)
-            if leaf:
-                rows.append((kv_recency(joint_clocks, node), node, 0.0, base))
-        elif leaf or droppable_inner_state(node):  # ``JointWalk.valid``
-            freed = freed_bytes(kv_bytes, state_bytes, len(node.key) if leaf else 0, leaf,
-                                True)
-            rows.append((state_recency(node), node,
-                         weighted_efficiency(cached_flops_saved(spec, node), freed, node,
-                                             weight), base))
+            if leaf:  # ``kv_recency``
+                i = right(counters, node.last_access_time) - 1
+                append((clocks[i] if i >= 0 else 0, node, 0.0, base))
+            continue
+        if leaf:  # ``freed_bytes`` of a leaf with a state: its KV and its state
+            freed = len(node.key) * kv_bytes + state_bytes
+        elif cd.lock_ref == 0 and node.parent is not None:  # ``droppable_inner_state``
+            freed = state_bytes
+        else:
+            continue
+        flops = getattr(node, saved_attr, None)
+        if flops is None:
+            flops = cached_flops_saved(spec, node)
+        e = flops / freed if freed > 0 else 0.0  # ``weighted_efficiency``
+        if weighed and e:  # the reuse weight its MAMBA key holds: every state row is an
+            # unlocked state, so a live MAMBA candidate, re-keyed wherever its weight moves
+            # (``MarconiFullComponent.children_changed``; ``check_queues`` checks it)
+            e = e * getattr(node, keyed_weight)
+        append((cd.metadata.get(stamp, 0), node, e, base))  # ``state_recency``
     # oldest first: equal keys (marconi+'s unhit states all weigh 0) leave in LRU order, as
     # in the persistent queues and the simulator
     rows.sort(key=_first)
