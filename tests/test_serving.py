@@ -107,6 +107,26 @@ def test_deterministic_without_measured_bookkeeping(spec, requests):
     assert ttfts(a) == ttfts(b) and a.now == b.now
 
 
+def test_interleaved_runs_make_the_same_decisions(spec, requests):
+    """``serve-sim --interleave``: the caches stepped in turn in one process make exactly
+    the runs made one after the other (bookkeeping off, so nothing depends on timing); only
+    the process-wide GC columns may differ."""
+    from sglang_marconi.serving.run import run_grid
+
+    setup = _setup(spec, requests[:60], kv=400_000, slots=60, running=8)
+    setup.timestamps = [i * 0.05 for i in range(60)]
+    caches = ("stock", "marconi", "marconi+")
+    apart = run_grid(requests[:60], setup, caches, [0.9], show_progress=False)
+    side = run_grid(requests[:60], setup, caches, [0.9], show_progress=False, interleave=True)
+    timing = {"wall_s", "gc_collections", "gc_pause_s_max", "gc_pause_s_total", "interleaved"}
+    for a, b in zip(apart["runs"], side["runs"]):
+        assert b["interleaved"] == 3 and "interleaved" not in a
+        assert {k: v for k, v in a.items() if k not in timing} == {
+            k: v for k, v in b.items() if k not in timing}, a["cache"]
+    assert apart["ttft"] == side["ttft"]
+    assert [r["cache"] for r in side["runs"]] == list(caches)
+
+
 def test_time_model_and_load_scaling(spec, requests):
     from sglang_marconi.serving.arrivals import arrivals_for_load, offered_seconds
     from sglang_marconi.serving.gpu_model import GpuTimeModel, preset

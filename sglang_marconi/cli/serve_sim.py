@@ -198,6 +198,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "without other processes' turns on a shared machine), or "
                              "nothing (off: deterministic)")
     add_marconi_arguments(parser)
+    parser.add_argument("--interleave", action="store_true",
+                        help="run the caches of each load side by side, one scheduler "
+                             "step each in turn, instead of one after the other: the same "
+                             "decisions, and bookkeeping ratios that a shared machine's "
+                             "drifting speed does not skew (one server only)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--plot", metavar="PNG", help="TTFT CDFs and P95 TTFT vs load")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -301,6 +306,9 @@ def _run(args) -> int:
     if routers is not None and host_enabled(args):
         raise UserError("--hicache-*: the host tier is built for one server; it does not "
                         "combine with --replicas / --router / --dp-size yet")
+    if routers is not None and args.interleave:
+        raise UserError("--interleave runs one server per cache side by side; it does not "
+                        "combine with --replicas / --router / --dp-size")
     if routers is not None and args.plot:
         raise UserError("--plot draws single-server runs; it does not combine with "
                         "--replicas / --router")
@@ -314,12 +322,13 @@ def _run(args) -> int:
               "schedule_policy": args.schedule_policy, "bookkeeping": args.bookkeeping,
               "clients": args.clients, "arrivals": args.arrivals, "seed": args.seed,
               "loop": "normal" if args.disable_overlap_schedule else "overlap",
+              "interleaved": args.interleave,
               **host_summary(args, setup.spec, setup.pools)}
     if routers is not None:
         return _run_cluster(args, requests, setup, sizes, caches, loads, routers, options,
                             config)
     result = run_grid(requests, setup, caches, loads, args.rate_scale,
-                      show_progress=not args.no_progress)
+                      show_progress=not args.no_progress, interleave=args.interleave)
     if args.plot:
         from sglang_marconi.serving.plots import plot_serving
 

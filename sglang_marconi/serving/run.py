@@ -20,7 +20,7 @@ from sglang_marconi.harness.ab import ABConfig, make_cache, open_cache
 from sglang_marconi.serving.arrivals import arrivals_for_load, arrivals_scaled, decode_batch
 from sglang_marconi.serving.cluster import run_cluster
 from sglang_marconi.serving.metrics import summarize, ttfts
-from sglang_marconi.serving.scheduler import SchedulerConfig, ServingScheduler
+from sglang_marconi.serving.scheduler import SchedulerConfig, ServerCrash, ServingScheduler
 
 
 @dataclass
@@ -85,13 +85,83 @@ def run_serving(name: str, requests, setup: ServeSetup, load=None, rate_scale=No
     return summary, sched
 
 
+def run_interleaved(names, requests, setup: ServeSetup, load=None, rate_scale=None,
+                    progress: Optional[Callable] = None) -> list:
+    """Every cache of ``names`` at one load, their schedulers stepped in turn (one loop
+    iteration each, round robin) in one process; returns [(summary, scheduler)].
+
+    Each run is the one ``run_serving`` makes (its own pools, cache, virtual clock and the
+    same arrivals), so the runs' decisions do not depend on the interleaving; only the
+    measured bookkeeping does, and that is the point: a shared machine's speed drifts by
+    tens of percent over minutes, and runs made one after the other each see a different
+    part of the drift, while interleaved runs see the same, so ratios of their bookkeeping
+    are not the drift's. The collector's pauses are the process's (every run's GC columns
+    count all of them; each run's cache time still leaves out the pauses inside it)."""
+    cfg = ABConfig(pools=setup.pools, spec=setup.spec, settings=setup.settings,
+                   unified=setup.unified, l3=setup.l3)
+    times = arrivals(setup, requests, load, rate_scale)
+    with contextlib.ExitStack() as stack:
+        scheds = []
+        for name in names:
+            cache, _, _ = open_cache(name, cfg, stack, build=make_cache)
+            scheds.append(ServingScheduler(cache, setup.time_model, setup.sched, requests,
+                                           times))
+        for sched in scheds:
+            stack.enter_context(sched.gc)
+        live = list(scheds)
+        reported = [0] * len(scheds)
+        t0 = time.perf_counter()
+        while live:
+            for sched in list(live):
+                if sched.crash is not None:  # as ``ServingScheduler.run``: stopped there
+                    live.remove(sched)
+                    continue
+                if sched.done():
+                    sched.finish()
+                    live.remove(sched)
+                    continue
+                try:
+                    sched.step()
+                except ServerCrash:
+                    pass
+                k = scheds.index(sched)
+                if progress is not None and sched.completed != reported[k]:
+                    progress(sched.completed - reported[k])
+                    reported[k] = sched.completed
+        wall = time.perf_counter() - t0
+    out = []
+    for name, sched in zip(names, scheds):
+        summary = summarize(sched, setup.spec, name, load if rate_scale is None else None, wall)
+        if rate_scale is not None:
+            summary["rate_scale"] = rate_scale
+        else:
+            summary["offered_decode_batch"] = offered_batch(setup, requests)
+        summary["interleaved"] = len(names)
+        out.append((summary, sched))
+    return out
+
+
 def run_grid(requests, setup: ServeSetup, caches, loads, rate_scale=None,
-             show_progress: bool = True) -> dict:
+             show_progress: bool = True, interleave: bool = False) -> dict:
     """Every cache at every load (or at ``rate_scale``): ``{"runs": [...], "ttft": {...}}``
-    (``ttft``: sorted per-request TTFTs by "cache@load", for the plots)."""
+    (``ttft``: sorted per-request TTFTs by "cache@load", for the plots). ``interleave``:
+    the caches of one load run side by side (``run_interleaved``), not one after the
+    other."""
     runs, curves = [], {}
     points = [(None, rate_scale)] if rate_scale is not None else [(x, None) for x in loads]
     for load, scale in points:
+        if interleave:
+            label = f"{len(caches)} caches@{load if scale is None else f'x{scale:g}'}"
+            with tqdm(total=len(requests) * len(caches), desc=f"{label:>16}", unit="req",
+                      disable=not show_progress, leave=False) as bar:
+                pairs = run_interleaved(caches, requests, setup, load, scale,
+                                        progress=bar.update)
+            for name, (summary, sched) in zip(caches, pairs):
+                runs.append(summary)
+                curves[f"{name}@{load if scale is None else f'x{scale:g}'}"] = ttfts(sched)
+            del pairs, sched
+            gc.collect()
+            continue
         for name in caches:
             label = f"{name}@{load if scale is None else f'x{scale:g}'}"
             with tqdm(total=len(requests), desc=f"{label:>16}", unit="req",

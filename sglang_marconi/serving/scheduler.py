@@ -335,9 +335,12 @@ class ServingScheduler:
                 if progress is not None and self.completed != reported:
                     progress(self.completed - reported)
                     reported = self.completed
-            # the idle server's next iterations: the last acks (and L3 backups) drained
-            host_tier.poll(self.cache)
-            host_tier.settle(self.cache)
+            self.finish()
+
+    def finish(self) -> None:
+        """The idle server's next iterations: the last acks (and L3 backups) drained."""
+        host_tier.poll(self.cache)
+        host_tier.settle(self.cache)
 
     def _idle(self, ignore_waiting: bool = False) -> bool:
         return ((ignore_waiting or not self.waiting) and self.chunked_req is None
