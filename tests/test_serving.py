@@ -112,9 +112,13 @@ def test_interleaved_runs_make_the_same_decisions(spec, requests):
     the runs made one after the other (bookkeeping off, so nothing depends on timing); only
     the process-wide GC columns may differ."""
     from sglang_marconi.serving.run import run_grid
+    from sglang_marconi.sglang_integration.options import MarconiSettings
 
     setup = _setup(spec, requests[:60], kv=400_000, slots=60, running=8)
     setup.timestamps = [i * 0.05 for i in range(60)]
+    # alpha 1: marconi ranks KV leaves by recency normalised over its range, which the
+    # other caches' ticks of SGLang's shared access counter would change (own counters)
+    setup.settings = MarconiSettings(alpha=1.0)
     caches = ("stock", "marconi", "marconi+")
     apart = run_grid(requests[:60], setup, caches, [0.9], show_progress=False)
     side = run_grid(requests[:60], setup, caches, [0.9], show_progress=False, interleave=True)

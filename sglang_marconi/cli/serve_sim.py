@@ -202,7 +202,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run the caches of each load side by side, one scheduler "
                              "step each in turn, instead of one after the other: the same "
                              "decisions, and bookkeeping ratios that a shared machine's "
-                             "drifting speed does not skew (one server only)")
+                             "drifting speed does not skew (one server only; every "
+                             "cache in memory at once)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--plot", metavar="PNG", help="TTFT CDFs and P95 TTFT vs load")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -24,6 +24,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from sglang.srt.mem_cache.unified_cache.components import base as access_clock
 from tqdm import tqdm
 
 from sglang_marconi.driver import host_tier
@@ -41,6 +42,29 @@ CACHES = {
     "marconi+": ("python", True),     # the same with settings.plus (docs/beyond.md)
     "marconi-paper": ("python", True),  # marconi with the paper's admission (2 states/request)
 }
+
+
+class OwnAccessClock:
+    """One cache's copy of SGLang's process-global access-time counter, for caches run
+    side by side in one process (the bookkeeping benchmark, ``serve-sim --interleave``):
+    entered around each of that cache's turns, so its recency values are spaced as in a
+    run of that cache alone (Marconi normalises recency by its range: the other caches'
+    ticks in between would change its order, and its decisions)."""
+
+    def __init__(self):
+        self.value = access_clock._LAST_ACCESS_TIME_COUNTER_FLOAT
+
+    def __enter__(self) -> "OwnAccessClock":
+        access_clock._LAST_ACCESS_TIME_COUNTER_FLOAT = self.value
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.value = access_clock._LAST_ACCESS_TIME_COUNTER_FLOAT
+
+    @staticmethod
+    def settle(clocks) -> None:
+        """After the side-by-side runs: the process counter past every copy's."""
+        access_clock._LAST_ACCESS_TIME_COUNTER_FLOAT = max(c.value for c in clocks)
 
 
 @dataclass

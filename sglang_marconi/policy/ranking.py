@@ -80,7 +80,9 @@ def weighted_efficiency(flops_saved: float, freed_bytes: float, node,
                         weight: Optional[Callable] = None) -> float:
     """``ranked_efficiency`` of a node with a state from the FLOPs its hit saves:
     ``scoring.flop_efficiency``'s quotient, times ``weight(node)`` when given and the
-    quotient is not 0."""
+    quotient is not 0. (Inlined, with ``freed_bytes``, in the unified joint walk's build,
+    ``sglang_integration.unified.joint_rows``; ``harness.invariants.check_joint_build``
+    holds the two equal.)"""
     e = per_byte(flops_saved, freed_bytes)
     return e * weight(node) if weight is not None and e else e
 

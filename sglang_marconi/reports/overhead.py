@@ -36,11 +36,11 @@ from pathlib import Path
 import numpy as np
 from sglang.srt.mem_cache.base_prefix_cache import InsertParams
 from sglang.srt.mem_cache.radix_cache import RadixKey
-from sglang.srt.mem_cache.unified_cache.components import base as clock
 
 from sglang_marconi.driver.pools import PoolConfig
 from sglang_marconi.driver.replay import Replayer, ReplayRequest
-from sglang_marconi.harness.ab import ABConfig, instrument, make_cache, to_replay_requests
+from sglang_marconi.harness.ab import (ABConfig, OwnAccessClock, instrument, make_cache,
+                                       to_replay_requests)
 from sglang_marconi.harness.timing import CallTimer, EvictTimer, quantile
 from sglang_marconi.model import preset_spec
 from sglang_marconi.policy.cache import PrefixCache
@@ -102,7 +102,7 @@ def replay_timing(requests, cfg, names=REPLAY_CACHES, alpha: float = 1.0,
         counters = instrument(cache)
         runs.append(dict(name=name, cache=cache, counters=counters, evict=EvictTimer(cache),
                          calls=CallTimer(cache),
-                         clock=clock._LAST_ACCESS_TIME_COUNTER_FLOAT, times=[], hit=0, inp=0,
+                         clock=OwnAccessClock(), times=[], hit=0, inp=0,
                          saved=0.0, replayer=Replayer(
                              cache, chunked_prefill_size=cfg.pools.chunked_prefill_size)))
     spec = cfg.spec
@@ -111,12 +111,8 @@ def replay_timing(requests, cfg, names=REPLAY_CACHES, alpha: float = 1.0,
     for i, rr in enumerate(requests):
         k = i % len(runs)
         for run in runs[k:] + runs[:k]:
-            # SGLang's access-time counter is process-global; each cache keeps its own, so
-            # its recency values are spaced as in a run of that cache alone (Marconi
-            # normalises recency by its range: other caches' ticks would change its order)
-            clock._LAST_ACCESS_TIME_COUNTER_FLOAT = run["clock"]
-            out = run["replayer"].run(rr)
-            run["clock"] = clock._LAST_ACCESS_TIME_COUNTER_FLOAT
+            with run["clock"]:  # its own copy of SGLang's access-time counter
+                out = run["replayer"].run(rr)
             run["times"].append(out.seconds)
             run["hit"] += out.hit_len
             run["inp"] += out.input_len
@@ -124,7 +120,7 @@ def replay_timing(requests, cfg, names=REPLAY_CACHES, alpha: float = 1.0,
         if progress and (i + 1) % 500 == 0:
             print(f"  replay: {i + 1}/{len(requests)} requests "
                   f"({time.perf_counter() - t_start:.0f} s)", file=sys.stderr, flush=True)
-    clock._LAST_ACCESS_TIME_COUNTER_FLOAT = max(run["clock"] for run in runs)
+    OwnAccessClock.settle(run["clock"] for run in runs)
     results = {}
     for run in runs:
         times, counters, cache = run["times"], run["counters"], run["cache"]

@@ -16,7 +16,7 @@ from typing import Callable, Optional
 from tqdm import tqdm
 
 from sglang_marconi.driver.pools import PoolConfig
-from sglang_marconi.harness.ab import ABConfig, make_cache, open_cache
+from sglang_marconi.harness.ab import ABConfig, OwnAccessClock, make_cache, open_cache
 from sglang_marconi.serving.arrivals import arrivals_for_load, arrivals_scaled, decode_batch
 from sglang_marconi.serving.cluster import run_cluster
 from sglang_marconi.serving.metrics import summarize, ttfts
@@ -88,47 +88,59 @@ def run_serving(name: str, requests, setup: ServeSetup, load=None, rate_scale=No
 def run_interleaved(names, requests, setup: ServeSetup, load=None, rate_scale=None,
                     progress: Optional[Callable] = None) -> list:
     """Every cache of ``names`` at one load, their schedulers stepped in turn (one loop
-    iteration each, round robin) in one process; returns [(summary, scheduler)].
+    iteration each per round, the first of the round rotating) in one process; returns
+    [(summary, scheduler)].
 
     Each run is the one ``run_serving`` makes (its own pools, cache, virtual clock and the
-    same arrivals), so the runs' decisions do not depend on the interleaving; only the
-    measured bookkeeping does, and that is the point: a shared machine's speed drifts by
-    tens of percent over minutes, and runs made one after the other each see a different
-    part of the drift, while interleaved runs see the same, so ratios of their bookkeeping
-    are not the drift's. The collector's pauses are the process's (every run's GC columns
-    count all of them; each run's cache time still leaves out the pauses inside it)."""
+    same arrivals; each cache keeps its own copy of SGLang's process-global access-time
+    counter, ``harness.ab.OwnAccessClock``), so with ``--bookkeeping off`` the runs are the
+    runs made one after the other; with bookkeeping measured only the measured times
+    differ, and that is the point: a shared machine's speed drifts by tens of percent over
+    minutes, runs made one after the other each see a different part of the drift, while
+    interleaved runs see the same, so ratios of their bookkeeping are not the drift's. The
+    collector's pauses are the process's (every run's GC columns count all of them; each
+    run's cache time still leaves out the pauses inside it); ``wall_s`` is the whole
+    interleaved run's; every cache is alive at once (memory: the sum of the runs').
+    """
     cfg = ABConfig(pools=setup.pools, spec=setup.spec, settings=setup.settings,
                    unified=setup.unified, l3=setup.l3)
     times = arrivals(setup, requests, load, rate_scale)
     with contextlib.ExitStack() as stack:
-        scheds = []
+        scheds, clocks = [], []
         for name in names:
-            cache, _, _ = open_cache(name, cfg, stack, build=make_cache)
-            scheds.append(ServingScheduler(cache, setup.time_model, setup.sched, requests,
-                                           times))
+            with OwnAccessClock() as own:
+                cache, _, _ = open_cache(name, cfg, stack, build=make_cache)
+                scheds.append(ServingScheduler(cache, setup.time_model, setup.sched,
+                                               requests, times))
+            clocks.append(own)
         for sched in scheds:
             stack.enter_context(sched.gc)
-        live = list(scheds)
+        live = list(range(len(scheds)))
         reported = [0] * len(scheds)
         t0 = time.perf_counter()
+        turn = 0
         while live:
-            for sched in list(live):
-                if sched.crash is not None:  # as ``ServingScheduler.run``: stopped there
-                    live.remove(sched)
-                    continue
-                if sched.done():
-                    sched.finish()
-                    live.remove(sched)
-                    continue
-                try:
-                    sched.step()
-                except ServerCrash:
-                    pass
-                k = scheds.index(sched)
+            k0 = turn % len(live)
+            for k in live[k0:] + live[:k0]:
+                sched = scheds[k]
+                with clocks[k]:
+                    if sched.crash is not None:  # as ``ServingScheduler.run``: stopped there
+                        live.remove(k)
+                        continue
+                    if sched.done():
+                        sched.finish()
+                        live.remove(k)
+                        continue
+                    try:
+                        sched.step()
+                    except ServerCrash:
+                        continue
                 if progress is not None and sched.completed != reported[k]:
                     progress(sched.completed - reported[k])
                     reported[k] = sched.completed
+            turn += 1
         wall = time.perf_counter() - t0
+        OwnAccessClock.settle(clocks)
     out = []
     for name, sched in zip(names, scheds):
         summary = summarize(sched, setup.spec, name, load if rate_scale is None else None, wall)
@@ -159,7 +171,7 @@ def run_grid(requests, setup: ServeSetup, caches, loads, rate_scale=None,
             for name, (summary, sched) in zip(caches, pairs):
                 runs.append(summary)
                 curves[f"{name}@{load if scale is None else f'x{scale:g}'}"] = ttfts(sched)
-            del pairs, sched
+            pairs = sched = None
             gc.collect()
             continue
         for name in caches:

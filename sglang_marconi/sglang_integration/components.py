@@ -50,6 +50,7 @@ separately, so a victim is ranked by what it gives back to the pool that is shor
 from __future__ import annotations
 
 import heapq
+from operator import attrgetter
 
 from sglang.srt.mem_cache.unified_cache.components.base import (
     CacheTransferPhase,
@@ -158,10 +159,13 @@ class _TierTree(_SGLangTree):
 TIER_TREE = _TierTree()
 
 
+_node_id = attrgetter("id")
+
+
 def by_id(nodes) -> list:
     """``nodes`` (a set) in creation order: SGLang numbers tree nodes as it creates them,
     the same on every TP rank, where a set's order follows object addresses."""
-    return sorted(nodes, key=lambda n: n.id)
+    return sorted(nodes, key=_node_id)
 
 
 def rekey_state_change(cache, node) -> None:

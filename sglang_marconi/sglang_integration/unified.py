@@ -145,7 +145,8 @@ def joint_rows(cache, bases: dict) -> list:
         if weighed and e:  # the reuse weight its MAMBA key holds: every state row is an
             # unlocked state, so a live MAMBA candidate, re-keyed wherever its weight moves
             # (``MarconiFullComponent.children_changed``; ``check_queues`` checks it)
-            e = e * getattr(node, keyed_weight)
+            w = getattr(node, keyed_weight, None)
+            e = e * (w if w is not None else policy.reuse_weight(node))
         append((cd.metadata.get(stamp, 0), node, e, base))  # ``state_recency``
     # oldest first: equal keys (marconi+'s unhit states all weigh 0) leave in LRU order, as
     # in the persistent queues and the simulator
