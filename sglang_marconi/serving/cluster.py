@@ -9,7 +9,10 @@ routed until its replica has sent the whole response (finished or aborted, at or
 ``t``; ``serving/router.py`` cites where the binary increments and decrements). Requests
 go to the chosen replica's queue, and the loop goes on; after the last arrival every
 replica runs to the end. With one replica the steps are the ones ``run_serving`` takes
-(tests/test_cluster.py checks it request by request).
+(tests/test_cluster.py checks it request by request). Each replica keeps its own copy of
+SGLang's process-global access-time counter (``harness.ab.OwnAccessClock``), as a replica
+is a server process of its own: marconi normalises recency by its range, which the other
+replicas' ticks would change.
 
 Belief gap (cache_aware, marconi, oracle): per request, the tokens the router believed the
 replica would reuse minus the tokens the replica really reused at the request's first
@@ -30,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional
 
-from sglang_marconi.harness.ab import ABConfig, make_cache
+from sglang_marconi.harness.ab import ABConfig, OwnAccessClock, make_cache
 from sglang_marconi.serving.arrivals import arrivals_for_load, arrivals_scaled, decode_batch
 from sglang_marconi.serving.metrics import request_stats
 from sglang_marconi.serving.router import make_router, text_for_input_ids, tokens_within_chars
@@ -58,6 +61,7 @@ class Cluster:
     def __post_init__(self):
         self.sent = [[] for _ in self.replicas]
         self.open = [set() for _ in self.replicas]
+        self.clocks = [OwnAccessClock() for _ in self.replicas]
 
     def in_flight(self, k: int, t: float) -> int:
         """Requests routed to replica ``k`` whose response is not complete at ``t``."""
@@ -94,9 +98,10 @@ class Cluster:
 
     def advance(self, t: float) -> None:
         """Run every replica's steps that start before ``t``."""
-        for sched in self.replicas:
-            while not sched.done() and sched.now < t:
-                sched.step()
+        for sched, clock in zip(self.replicas, self.clocks):
+            with clock:
+                while not sched.done() and sched.now < t:
+                    sched.step()
 
     def route(self, t: float, rr) -> Routed:
         self.router.tick(t)
@@ -130,11 +135,13 @@ class Cluster:
                     self.route(arrivals[i], requests[i])
                     if progress is not None:
                         progress(1)
-                for sched in self.replicas:
-                    while not sched.done():
-                        sched.step()
+                for sched, clock in zip(self.replicas, self.clocks):
+                    with clock:
+                        while not sched.done():
+                            sched.step()
             except ServerCrash:
                 pass
+            OwnAccessClock.settle(self.clocks)
 
     @property
     def crash(self) -> Optional[str]:
