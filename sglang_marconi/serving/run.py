@@ -77,12 +77,18 @@ def run_serving(name: str, requests, setup: ServeSetup, load=None, rate_scale=No
         t0 = time.perf_counter()
         sched.run(progress)
         wall = time.perf_counter() - t0
+    return run_summary(name, sched, setup, requests, load, rate_scale, wall), sched
+
+
+def run_summary(name, sched, setup: ServeSetup, requests, load, rate_scale, wall) -> dict:
+    """``metrics.summarize`` of one run, with the rate scale or the decode batch the
+    load counted with."""
     summary = summarize(sched, setup.spec, name, load if rate_scale is None else None, wall)
     if rate_scale is not None:
         summary["rate_scale"] = rate_scale
     else:
         summary["offered_decode_batch"] = offered_batch(setup, requests)
-    return summary, sched
+    return summary
 
 
 def run_interleaved(names, requests, setup: ServeSetup, load=None, rate_scale=None,
@@ -143,11 +149,7 @@ def run_interleaved(names, requests, setup: ServeSetup, load=None, rate_scale=No
         OwnAccessClock.settle(clocks)
     out = []
     for name, sched in zip(names, scheds):
-        summary = summarize(sched, setup.spec, name, load if rate_scale is None else None, wall)
-        if rate_scale is not None:
-            summary["rate_scale"] = rate_scale
-        else:
-            summary["offered_decode_batch"] = offered_batch(setup, requests)
+        summary = run_summary(name, sched, setup, requests, load, rate_scale, wall)
         summary["interleaved"] = len(names)
         out.append((summary, sched))
     return out
