@@ -164,20 +164,21 @@ def run_grid(requests, setup: ServeSetup, caches, loads, rate_scale=None,
     runs, curves = [], {}
     points = [(None, rate_scale)] if rate_scale is not None else [(x, None) for x in loads]
     for load, scale in points:
+        at = load if scale is None else f"x{scale:g}"  # the point in labels: "cache@0.8"
         if interleave:
-            label = f"{len(caches)} caches@{load if scale is None else f'x{scale:g}'}"
+            label = f"{len(caches)} caches@{at}"
             with tqdm(total=len(requests) * len(caches), desc=f"{label:>16}", unit="req",
                       disable=not show_progress, leave=False) as bar:
                 pairs = run_interleaved(caches, requests, setup, load, scale,
                                         progress=bar.update)
             for name, (summary, sched) in zip(caches, pairs):
                 runs.append(summary)
-                curves[f"{name}@{load if scale is None else f'x{scale:g}'}"] = ttfts(sched)
+                curves[f"{name}@{at}"] = ttfts(sched)
             pairs = sched = None
             gc.collect()
             continue
         for name in caches:
-            label = f"{name}@{load if scale is None else f'x{scale:g}'}"
+            label = f"{name}@{at}"
             with tqdm(total=len(requests), desc=f"{label:>16}", unit="req",
                       disable=not show_progress, leave=False) as bar:
                 summary, sched = run_serving(name, requests, setup, load, scale,
