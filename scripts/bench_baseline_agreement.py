@@ -7,8 +7,8 @@ static, SGLang's default KV token pool + state pool) and the simulator's `sglang
 on the same pools (unified: the buffer's byte budget; static: `kv_tokens`, `state_slots`),
 on the same requests; `--memory both` (the default) runs both layouts. `--caches
 stock,marconi+` (the default) adds the marconi+ row: `ab --caches marconi+` against the
-simulator's `marconi+:materialise=sglang:overlap=1` (``policy.in_sglang``), unified memory
-only (the simulator does not model marconi+ in static pools). `--hicache-size H` (issue
+simulator's `marconi+:materialise=sglang:overlap=1` (``policy.in_sglang``), in both
+layouts (static: `kv_tokens`, `state_slots`, as for stock). `--hicache-size H` (issue
 20): stock SGLang with HiCache (`--hicache-write-policy` write_through, the default, or
 write_through_selective) behind the static pools, `ab --memory static --hicache-size H`
 against the simulator's `sglang` with the same host tier
@@ -59,7 +59,7 @@ def main(argv=None) -> int:
                          "two pools) or both (default)")
     ap.add_argument("--caches", default="stock,marconi+",
                     help="ab's caches to compare with their simulator images: stock (the "
-                         "sglang baseline), marconi+ (unified memory only); default both")
+                         "sglang baseline), marconi+ (the plugin); default both")
     ap.add_argument("--hicache-size", type=float, default=None, metavar="GB",
                     help="a host tier of GB (10**9 bytes), write_through: stock on static "
                          "pools only, with the host section")
@@ -79,8 +79,6 @@ def main(argv=None) -> int:
     memories = ("unified", "static") if args.memory == "both" else (args.memory,)
     results, reports = {}, []
     for memory, cache in [(m, c) for c in caches for m in memories]:
-        if cache == "marconi+" and memory != "unified":
-            continue  # the simulator models marconi+ in the unified buffer only
         sizes = size_pools(spec, args.cache_gb, memory, page_size=args.page_size)
         pools = agreement.sim_pools(sizes)
         capacity = pools.pop("capacity_bytes")
@@ -99,7 +97,7 @@ def main(argv=None) -> int:
         else:
             hits, stats = agreement.simulate_marconi_plus(
                 trace, spec, capacity, args.chunked_prefill_size, args.mamba_track_interval,
-                args.page_size)
+                args.page_size, **pools)
         res = agreement.compare(trace, spec, hits, stats, json.loads(run.stdout), capacity,
                                 cache=cache)
         key = memory if cache == "stock" else f"{memory}-{cache}"

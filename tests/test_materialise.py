@@ -63,6 +63,14 @@ def test_options_need_materialise_sglang(paper_spec):
         build_cache(parse_policy("marconi+:chunk=4096"), paper_spec, 10**10, 64)
     with pytest.raises(UserError, match="materialise must be plan or sglang"):
         build_cache(parse_policy("marconi+:materialise=yes"), paper_spec, 10**10, 64)
+    with pytest.raises(UserError, match="option kv_tokens needs materialise=sglang"):
+        build_cache(parse_policy("marconi+:kv_tokens=9000:state_slots=8"), paper_spec, None, 64)
+    with pytest.raises(UserError, match="static pools need both kv_tokens and state_slots"):
+        build_cache(parse_policy("marconi+:materialise=sglang:kv_tokens=9000"), paper_spec,
+                    None, 64)
+    with pytest.raises(UserError, match="need a fixed alpha or marconi\\+"):
+        build_cache(parse_policy("marconi:alpha=online:materialise=sglang:kv_tokens=9000:"
+                                 "state_slots=8"), paper_spec, None, 64)
 
 
 def test_same_hits_and_states_as_abs_marconi_plus_where_nothing_is_evicted(mooncake_path):
@@ -93,3 +101,28 @@ def test_same_hits_and_states_as_abs_marconi_plus_where_nothing_is_evicted(moonc
     report = agreement.format_report(res, trace_name="t", model="paper-7b", cache_gb=gib,
                                      ab_command=" ".join(argv), limit=limit)
     assert "| ab marconi+ |" in report and agreement.marconi_plus_policy() in report
+
+
+def test_static_pools_agree_with_abs_marconi_plus_on_the_bundled_trace_slice(mooncake_path):
+    """SGLang's default static pools at 100 GiB (``ab --memory static``), the first 600
+    requests: the KV pool fills and the plugin's FULL walk evicts; the simulator's image
+    (``kv_tokens``, ``state_slots``) hits, admits and evicts the same, request for request.
+    The whole trace: ``scripts/bench_baseline_agreement.py --memory static --caches
+    marconi+``."""
+    pytest.importorskip("sglang")
+    spec, limit, gib = preset_spec("paper-7b"), 600, 100
+    argv = agreement.ab_argv(mooncake_path, "paper-7b", gib, limit, memory="static",
+                             cache="marconi+")
+    ab_json = json.loads(run_cli(ab_cli, *argv[1:]))
+    pools = agreement.sim_pools(size_pools(spec, gib, "static"))
+    capacity = pools.pop("capacity_bytes")
+    trace = read_trace(mooncake_path).head(limit)
+    hits, stats = agreement.simulate_marconi_plus(trace, spec, capacity, **pools)
+    res = agreement.compare(trace, spec, hits, stats, ab_json, capacity, cache="marconi+")
+    assert stats.kv_tokens_evicted > 0  # the pool filled
+    assert res["identical"] == limit and res["diff_pp"] == 0.0, res["worst"]
+    for key in ("states_admitted", "states_evicted", "kv_tokens_evicted"):
+        assert res["sim"][key] == res["ab"][key], key
+    report = agreement.format_report(res, trace_name="t", model="paper-7b", cache_gb=gib,
+                                     ab_command=" ".join(argv), limit=limit)
+    assert f"kv_tokens={pools['kv_tokens']}:state_slots={pools['state_slots']}" in report

@@ -88,25 +88,33 @@ def _trace(workload: str, seed: int):
                     user_median=200, output_median=120, max_len=3000)
 
 
-def run_pair(workload: str, seed: int, cache: str, policy: str, settings: MarconiSettings):
+def run_pair(workload: str, seed: int, cache: str, policy: str, settings: MarconiSettings,
+             memory: str = "unified", state_slots: int | None = None):
     """Replay a generated trace through ``ab``'s ``cache`` and the simulator's ``policy``;
-    fail at the first request where they differ. Returns (requests, states evicted)."""
+    fail at the first request where they differ. Returns (requests, states evicted).
+    ``memory`` "static": SGLang's default two pools (the split ``ab --memory static``
+    builds; ``state_slots`` replaces its state pool), the simulator's ``kv_tokens`` and
+    ``state_slots`` options."""
     trace = _trace(workload, seed)
     requests = to_replay_requests(trace)
-    sizes = size_pools(SPEC, CACHE_GB, "unified", page_size=PAGE)
+    sizes = size_pools(SPEC, CACHE_GB, memory, page_size=PAGE)
+    slots = state_slots or sizes.mamba_slots
     longest = max(len(r.input_ids) + r.output_len for r in requests)
-    pools = PoolConfig(kv_tokens=sizes.kv_tokens, mamba_slots=sizes.mamba_slots,
+    pools = PoolConfig(kv_tokens=sizes.kv_tokens, mamba_slots=slots,
                        page_size=PAGE, max_context_len=longest + 2 * PAGE,
                        chunked_prefill_size=CHUNK, mamba_track_interval=TRACK,
                        extra_buffer=True, overlap_schedule=True)
+    unified = UnifiedConfig.from_sizes(sizes) if memory == "unified" else None
     cfg = ABConfig(pools=pools, spec=SPEC, settings=settings, caches=(cache,),
-                   unified=UnifiedConfig.from_sizes(sizes), overlap=True)
+                   unified=unified, overlap=True)
     sgl = make_cache(cache, cfg)[0]
     counters = instrument(sgl)
     replayer = Replayer(sgl, chunked_prefill_size=CHUNK, overlap=True)
-    sim = build_cache(parse_policy(f"{policy}:materialise=sglang:chunk={CHUNK}:page={PAGE}"
-                                   f":track={TRACK}:overlap=1"),
-                      SPEC, sim_capacity(sizes), PAGE, trace)
+    image = f"{policy}:materialise=sglang:chunk={CHUNK}:page={PAGE}:track={TRACK}:overlap=1"
+    if memory == "static":
+        image += f":kv_tokens={sizes.kv_tokens}:state_slots={slots}"
+    sim = build_cache(parse_policy(image), SPEC,
+                      sim_capacity(sizes) if memory == "unified" else None, PAGE, trace)
     before = (0, 0, 0)
     chunked = tracked = 0
     for i, (rr, r) in enumerate(zip(requests, trace.requests)):
@@ -147,3 +155,22 @@ def test_marconi_plus_same_victims_as_the_plugin(workload, seed):
 def test_marconi_fixed_alpha_same_victims_as_the_plugin():
     """marconi with a fixed alpha: the joint walk in normalised-utility mode."""
     run_pair("agent", 1, "marconi", "marconi:alpha=1", MarconiSettings(alpha=1.0))
+
+
+# ---- static pools (SGLang's default layout): the FULL walk and the MAMBA walk --------------------
+@pytest.mark.parametrize("workload,seed", [("agent", 0), ("chat", 1)])
+def test_marconi_plus_static_pools_same_victims_as_the_plugin(workload, seed):
+    """The plugin's FULL walk (KV leaves by FLOPs per byte of their own KV, SGLang's FULL
+    queue aged as it pops) and the simulator's image of it."""
+    n, evicted = run_pair(workload, seed, "marconi+", "marconi+", MarconiSettings(),
+                          memory="static")
+    assert evicted > n // 4
+
+
+@pytest.mark.parametrize("cache,policy,alpha", [("marconi+", "marconi+", 0.0),
+                                                ("marconi", "marconi:alpha=1", 1.0)])
+def test_static_pools_short_of_states_same_victims_as_the_plugin(cache, policy, alpha):
+    """A state pool of 10 slots: the MAMBA walk runs (states by FLOPs per state; a leaf
+    goes with its KV, an inner state becomes a tombstone), beside the FULL walk."""
+    run_pair("agent", 1, cache, policy, MarconiSettings(alpha=alpha), memory="static",
+             state_slots=10)

@@ -1,6 +1,6 @@
 """``MarconiSGLangCache``: marconi / marconi+ as the ``--cache-policy marconi`` plugin runs
-them in SGLang's unified buffer, as a simulator (``sim --policies
-marconi+:materialise=sglang``).
+them in SGLang's unified buffer or its static pools, as a simulator (``sim --policies
+marconi+:materialise=sglang[:kv_tokens=K:state_slots=S]``).
 
 Why a cache of its own. The planning simulator (``cache.PrefixCache``) makes room when a
 request's states are inserted, to a fixed budget, with the request's matched path locked.
@@ -40,8 +40,22 @@ two halves in place of stock's:
   (released by the running request, split, walked by an insert); their insertion order
   (the queues' entry order, leaves first) and recency break ties as the walk's sort does.
 
+Static pools (``kv_tokens`` and ``state_slots``: SGLang's default layout, ``ab --memory
+static``): the plugin's two persistent queues walk separately. A KV shortage runs the FULL
+walk: evictable leaves, ranked by the FLOPs a hit there saves per byte of the leaf's own
+KV (``kv_pool_efficiency``), keyed on SGLang's FULL queue, whose GDSF clock advances with
+each victim it hands over, so a parent left a leaf joins from the clock of that moment. A
+state shortage runs the MAMBA walk on the MAMBA queue's own clock: unlocked states ranked
+by the FLOPs per state (``state_pool_efficiency``); a leaf goes with its KV, an inner node
+keeps its KV (a tombstone). Ties go to the earlier entry (a leaf re-stamped is re-keyed
+last). Equal to ``ab --memory static``'s marconi+ request for request and victim for
+victim on the bundled trace (``scripts/bench_baseline_agreement.py --memory static
+--caches marconi+``, ``tests/test_parity_pressure.py``).
+
 Not modelled: SGLang's Mamba slot ids (4,006 for paper-7b at 100 GiB: never short before
-bytes are), alpha tuning (``alpha=auto|online`` keep the planning simulator), static pools.
+bytes are), alpha tuning (``alpha=auto|online`` keep the planning simulator, and refuse
+static pools), the plugin's amortised renormalisation of a fixed alpha's static queues
+above ``renormalise_limit`` candidates (the simulator renormalises at every walk).
 """
 from __future__ import annotations
 
@@ -91,6 +105,7 @@ class _Tree(LinkedTree):
 
 
 TREE = _Tree()
+JOINT, KV, STATES = "joint", "kv", "states"  # what a walk frees: the buffer, or one pool
 
 
 class MarconiSGLangCache(SnapshotAdmission, StockSGLangCache):
@@ -103,10 +118,12 @@ class MarconiSGLangCache(SnapshotAdmission, StockSGLangCache):
                  grids: SGLangGrids = SGLangGrids(), alpha: float = 0.0,
                  reuse_weight: ReuseWeight | None = None, ghost_tokens: int | None = None,
                  end_threshold: float | None = None, max_states_per_request: int = NO_CAP,
-                 tracking_slots: int = 2, record_hits: bool = False):
+                 tracking_slots: int = 2, record_hits: bool = False,
+                 kv_tokens: int | None = None, state_slots: int | None = None):
         super().__init__(spec, capacity_bytes, chunk=grids.chunk, page=grids.page,
                          track=grids.track_grid, tracking_slots=tracking_slots,
-                         record_hits=record_hits)
+                         record_hits=record_hits, kv_tokens=kv_tokens,
+                         state_slots=state_slots)
         if (self.grid, self.track_grid) != (grids.grid, grids.track_grid):
             raise ValueError(f"grids {grids} are not SGLang's for page {grids.page}")
         self.alpha = float(alpha)
@@ -119,7 +136,8 @@ class MarconiSGLangCache(SnapshotAdmission, StockSGLangCache):
         self.end_usefulness = (EndStateUsefulness(end_threshold)
                                if end_threshold is not None else None)
         self.clock = 0            # the request clock: one tick per request's match
-        self.gdsf_clock = 0.0     # the persistent queues' aging clock
+        self.gdsf_clock = 0.0     # the persistent queues' aging clock (static: FULL's)
+        self.mamba_clock = 0.0    # static pools: the MAMBA queue's own aging clock
         self._counters = ([], [])  # (SGLang stamp, request clock) at each request's match
         # the persistent queues' live entries, in their insertion order
         self._leaves_live: dict = {}
@@ -149,6 +167,9 @@ class MarconiSGLangCache(SnapshotAdmission, StockSGLangCache):
             node.leaf_base, node.leaf_stamp = self.gdsf_clock, node.stamp
         elif node.leaf_stamp != node.stamp:
             node.leaf_base, node.leaf_stamp = self.gdsf_clock, node.stamp
+            if self.static:  # re-keyed in SGLang's FULL queue: last among equal keys
+                del self._leaves_live[node]
+                self._leaves_live[node] = None
 
     def _child_added(self, node) -> None:
         self._leaves_live.pop(node, None)
@@ -158,7 +179,8 @@ class MarconiSGLangCache(SnapshotAdmission, StockSGLangCache):
     def _use_state(self, node, stamp: float) -> None:
         """The MAMBA queue's entry of ``node``'s state, re-stamped at ``stamp``."""
         if node.used != stamp:
-            node.used, node.state_base = stamp, self.gdsf_clock
+            node.used = stamp
+            node.state_base = self.mamba_clock if self.static else self.gdsf_clock
         node.max_children = max(node.max_children, len(node.children))
         if node.anchor == 0 and node not in self._states_live:
             self._states_live[node] = None
@@ -170,9 +192,13 @@ class MarconiSGLangCache(SnapshotAdmission, StockSGLangCache):
             clocks.append(self.clock)
         if best is not self.root:
             self._use_state(best, self.clock)
+            if self._lru:
+                self._mru_state(best)  # static pools: SGLang's own MAMBA walk
 
     def _state_inserted(self, node) -> None:
         self._use_state(node, self.clock + INSERT_CLOCK_OFFSET)
+        if self._lru:
+            self._mru_state(node)
 
     def _lock(self, node) -> None:
         super()._lock(node)
@@ -220,61 +246,107 @@ class MarconiSGLangCache(SnapshotAdmission, StockSGLangCache):
         node.max_children = max(node.max_children, len(node.children))
         return self.reuse(node)
 
-    def _efficiency(self, node, leaf: bool) -> float:
-        freed = freed_bytes(self.kv_bytes, self.state_bytes, len(node.key), leaf, node.state)
+    def _efficiency(self, node, leaf: bool, pool: str = JOINT) -> float:
+        """Ranked FLOP efficiency per byte the eviction frees: in the unified buffer
+        (``JOINT``: a leaf's KV and state, an inner node's state), in the static token pool
+        (``KV``: the node's own KV tokens, ``kv_pool_efficiency``) or in the static state
+        pool (``STATES``: one state, ``state_pool_efficiency``)."""
+        if pool == KV:
+            freed = self.kv_bytes * len(node.key)
+        elif pool == STATES:
+            freed = self.state_bytes
+        else:
+            freed = freed_bytes(self.kv_bytes, self.state_bytes, len(node.key), leaf,
+                                node.state)
         return ranked_efficiency(self.spec, TREE, node, freed,
                                  self._weight if self.reuse is not None else None)
 
-    def _valid(self, node) -> bool:
-        return self._evictable_leaf(node) or (node.alive and node.state and node.anchor == 0
-                                              and node is not self.root)
+    def _state_candidate(self, node) -> bool:
+        return node.alive and node.state and node.anchor == 0 and node is not self.root
 
-    def _add(self, queue: VictimQueue, node, base: float) -> None:
-        if self._valid(node):
-            queue.add_aged(node, self._recency(node),
-                           self._efficiency(node, self._evictable_leaf(node)), base)
+    def _valid(self, node, pool: str = JOINT) -> bool:
+        if pool == KV:
+            return self._evictable_leaf(node)
+        if pool == STATES:
+            return self._state_candidate(node)
+        return self._evictable_leaf(node) or self._state_candidate(node)
 
-    def _evict_for(self, enough) -> None:
-        """One allocation's walk: evict in the joint ranking until ``enough()``."""
+    def _add(self, queue: VictimQueue, node, base: float, pool: str = JOINT) -> None:
+        if self._valid(node, pool):
+            # SGLang's FULL queue ranks leaves by their last access (the tree's stamp)
+            recency = node.stamp if pool == KV else self._recency(node)
+            queue.add_aged(node, recency,
+                           self._efficiency(node, self._evictable_leaf(node), pool), base)
+
+    def _candidates(self, pool: str) -> list:
+        """(node, aging base) of a walk's candidates, in the order its queue takes them
+        (ties in it go to the earlier): the unified joint walk sorts both persistent
+        queues' entries by recency; a static pool's walk takes its own queue's entries in
+        the order they were last re-stamped (``VictimQueue``'s insertion order)."""
+        if pool == STATES:
+            return sorted(((n, n.state_base) for n in self._states_live),
+                          key=lambda e: e[0].used)
+        if pool == KV:
+            return [(n, n.leaf_base) for n in self._leaves_live]
+        bases = {node: node.leaf_base for node in self._leaves_live}
+        bases.update((node, node.state_base) for node in self._states_live)
+        return [(node, bases[node]) for node in sorted(bases, key=self._recency)]
+
+    def _evict_for(self, enough, pool: str = JOINT) -> None:
+        """One allocation's walk: evict in the ranking of ``pool`` until ``enough()``:
+        ``JOINT`` (unified buffer: leaves and inner states together), ``KV`` (static
+        pools, SGLang's FULL walk: evictable leaves, each deleted with its state) or
+        ``STATES`` (static pools, the MAMBA walk: unlocked states; a leaf goes with its
+        KV, an inner node keeps its KV as a tombstone)."""
         if enough():
             return
         if self._lru:
+            evict = self._evict_state if pool == STATES else self._evict_one
             while not enough():
-                if not self._evict_one():
+                if not evict():
                     self.stuck += 1
                     return
             return
         queue = VictimQueue(self.alpha, mode=self.mode)
-        queue.clock = self.gdsf_clock
-        bases = {node: node.leaf_base for node in self._leaves_live}
-        bases.update((node, node.state_base) for node in self._states_live)
-        for node in sorted(bases, key=self._recency):  # stable: ties in entry order
-            self._add(queue, node, bases[node])
+        queue.clock = self.mamba_clock if pool == STATES else self.gdsf_clock
+        for node, base in self._candidates(pool):
+            self._add(queue, node, base, pool)
         queue.refresh()
         pending = None
         while not enough():
             if (pending is not None and pending is not self.root
                     and pending not in queue and self._evictable_leaf(pending)):
-                self._add(queue, pending, queue.clock)
+                self._add(queue, pending, queue.clock, pool)
             pending = None
-            while (x := queue.pop_victim()) is not None and not self._valid(x):
+            while (x := queue.pop_victim()) is not None and not self._valid(x, pool):
                 pass
             if x is None:
                 self.stuck += 1
                 break
+            if pool == KV:
+                # the static FULL walk ages SGLang's FULL queue itself: a parent left a
+                # leaf by this deletion joins it from the clock as it is now
+                self.gdsf_clock = queue.clock
             if self._evictable_leaf(x):
-                pending = x.parent
+                pending = x.parent if pool != STATES else None
                 self._delete(x)
             else:
                 self._drop_state(x)
-        self.gdsf_clock = max(self.gdsf_clock, queue.clock)
+        if pool == STATES:
+            self.mamba_clock = max(self.mamba_clock, queue.clock)
+        else:
+            self.gdsf_clock = max(self.gdsf_clock, queue.clock)
 
     def _make_room_kv(self, tokens: int) -> None:
-        if self.capacity is not None:
+        if self.static:
+            self._evict_for(lambda: self.kv_available() >= tokens, KV)
+        elif self.capacity is not None:
             self._evict_for(lambda: self.kv_available() >= tokens)
 
     def _make_room_states(self, slots: int) -> None:
-        if self.capacity is not None:
+        if self.static:
+            self._evict_for(lambda: self.states_available() >= slots, STATES)
+        elif self.capacity is not None:
             self._evict_for(lambda: self.states_available() >= slots)
 
     # ---- admission (the plugin's ``admission_plans``) ---------------------------------------

@@ -13,10 +13,11 @@ bytes: not ``sim --capacity 100GB`` (10**11 bytes; ``--cache-gb`` is in GiB, and
 buffer is what is left after SGLang's sizing), but the buffer's whole KV pages less the
 state slot 0 SGLang reserves.
 
-The same comparison for marconi+ (``--caches stock,marconi+``, unified only): ``ab``'s
+The same comparison for marconi+ (``--caches stock,marconi+``, both layouts): ``ab``'s
 marconi+ (the ``--cache-policy marconi`` plugin in SGLang's cache objects) against the
 simulator's ``marconi+:materialise=sglang:overlap=1`` (``policy.in_sglang``: the plugin's
-admission and joint walk in the model of SGLang's buffer) on the same bytes.
+admission and its walks in the model of SGLang's pools: the joint walk in the unified
+buffer, the FULL and MAMBA walks of static pools) on the same bytes.
 
 ``compare`` returns both FLOPs-saved fractions (prefill FLOPs of the hits over the prefill
 FLOPs of all inputs, the cost model's, the same for both), their difference in percentage
@@ -79,16 +80,23 @@ def simulate(trace, spec, capacity: int | None, chunk: int = 8192, track: int = 
     return hits, cache.stats
 
 
-def marconi_plus_policy(chunk: int = 8192, track: int = 256, page: int = 64) -> str:
-    """The simulator's image of ``ab``'s marconi+ (the overlap loop's 2 tracking slots)."""
-    return f"marconi+:materialise=sglang:chunk={chunk}:page={page}:track={track}:overlap=1"
+def marconi_plus_policy(chunk: int = 8192, track: int = 256, page: int = 64,
+                        kv_tokens: int | None = None, state_slots: int | None = None) -> str:
+    """The simulator's image of ``ab``'s marconi+ (the overlap loop's 2 tracking slots);
+    ``kv_tokens`` and ``state_slots``: on SGLang's static pools."""
+    pools = f":kv_tokens={kv_tokens}:state_slots={state_slots}" if kv_tokens else ""
+    return (f"marconi+:materialise=sglang:chunk={chunk}:page={page}:track={track}:overlap=1"
+            + pools)
 
 
 def simulate_marconi_plus(trace, spec, capacity: int | None, chunk: int = 8192,
-                          track: int = 256, page: int = 64):
-    """The simulator's ``marconi_plus_policy`` on ``trace``: (hits per request, stats)."""
-    cache = build_cache(parse_policy(marconi_plus_policy(chunk, track, page)), spec, capacity,
-                        page, trace)
+                          track: int = 256, page: int = 64, kv_tokens: int | None = None,
+                          state_slots: int | None = None, tracking_slots: int = 2):
+    """The simulator's ``marconi_plus_policy`` on ``trace``: (hits per request, stats).
+    The keywords after ``page`` are ``sim_pools``' (the loop's 2 tracking slots are the
+    policy's ``overlap=1``)."""
+    policy = marconi_plus_policy(chunk, track, page, kv_tokens, state_slots)
+    cache = build_cache(parse_policy(policy), spec, capacity, page, trace)
     hits = [cache.process(r.input_tokens, r.full_tokens) for r in trace.requests]
     return hits, cache.stats
 
@@ -144,12 +152,15 @@ def _pools_lines(res: dict, cache_gb: float, ab_command: str) -> list:
     p = res["pools"]
     tree_core = res["ab"]["tree_core"] or "tree core ?"
     if p["mode"] == "static":
+        policy = (f"sglang:kv_tokens={p['kv_tokens']}:state_slots={p['mamba_slots']}:overlap=1"
+                  if res.get("cache", "stock") == "stock" else
+                  marconi_plus_policy(res["chunk"], res["track"], p["page_size"],
+                                      p["kv_tokens"], p["mamba_slots"]))
         return [
             f"ab: `python -m sglang_marconi {ab_command}` (SGLang's UnifiedRadixCache, "
             f"{tree_core}): static pools, {p['kv_tokens']:,} KV token slots (pages of "
             f"{p['page_size']}) and {p['mamba_slots']:,} state slots.",
-            f"simulator: policy `sglang:kv_tokens={p['kv_tokens']}:state_slots="
-            f"{p['mamba_slots']}:overlap=1` (the same two pools; a running request's "
+            f"simulator: policy `{policy}` (the same two pools; a running request's "
             "ping-pong track buffer takes 2 slots, as in ab's static pools).",
         ]
     cap = res["capacity_bytes"]

@@ -39,9 +39,10 @@ boundaries at ``chunk`` (8192), the branch point inside its chunk, the last pref
 the last decode-track snapshot on ``track`` (256), grid lcm(64, ``page``)), with SGLang's
 branch rule and the plugin's default of no per-request cap; with a fixed alpha or for
 marconi+ inside the model of SGLang's unified buffer (``policy.in_sglang``: the plugin's
-allocation-time joint walk; ``overlap=1``: 2 tracking slots, ``ab``'s default loop), equal
-to ``ab``'s cache request for request (``scripts/bench_baseline_agreement.py --caches
-marconi+``); ``alpha=auto|online`` keep the simulator's eviction (``materialise=plan``, the
+allocation-time joint walk; ``overlap=1``: 2 tracking slots, ``ab``'s default loop) or,
+with ``kv_tokens=K:state_slots=S``, of its static pools (the plugin's FULL and MAMBA
+walks), equal to ``ab``'s cache request for request (``scripts/bench_baseline_agreement.py
+--caches marconi+ --memory unified|static``); ``alpha=auto|online`` keep the simulator's eviction (``materialise=plan``, the
 default, keeps the states Marconi plans wherever they are, as the paper's simulator).
 """
 from __future__ import annotations
@@ -208,7 +209,11 @@ def _marconi_plus(p, spec, cap, grid):
                          chain_weight=_number(p, "chain", float, defaults.CHAIN_WEIGHT, 0.0))
     ghost = _number(p, "ghost", float, defaults.GHOST_FACTOR, 0.0)
     grids = _materialise(p)
-    ghost_tokens = ghost_budget(ghost, spec, cap, grids.page if grids else None)
+    pools = _static_pools(p, grids.page) if grids else None
+    if pools is not None:  # the plugin's budget: factor x the KV pool's token slots
+        ghost_tokens = int(ghost * (pools[0] // grids.page * grids.page)) or None
+    else:
+        ghost_tokens = ghost_budget(ghost, spec, cap, grids.page if grids else None)
     threshold = _number(p, "end_threshold", float, defaults.END_THRESHOLD, 0.0) if ghost_tokens else None
     plus = dict(reuse_weight=weight, ghost_tokens=ghost_tokens, end_threshold=threshold)
     if _materialise(p) is not None:
@@ -224,7 +229,7 @@ def _materialise(p: PolicySpec):
     if how not in ("plan", "sglang"):
         raise UserError(f"policy {p.label!r}: materialise must be plan or sglang, got {how!r}")
     if how == "plan":
-        for key in ("chunk", "page", "track", "overlap"):
+        for key in ("chunk", "page", "track", "overlap", "kv_tokens", "state_slots"):
             if p.option(key) is not None:
                 raise UserError(f"policy {p.label!r}: option {key} needs materialise=sglang")
         return None
@@ -243,25 +248,37 @@ def _in_sglang(p: PolicySpec, spec, cap, alpha, knobs=None, **plus):
     states are inserted, docs/usage.md)."""
     grids = _materialise(p)
     max_states = _number(p, "max_states", int, NO_CAP, 0)
+    pools = _static_pools(p, grids.page)
     if alpha in ("auto", "online"):
+        if pools is not None:
+            raise UserError(f"policy {p.label!r}: static pools (kv_tokens, state_slots) "
+                            "need a fixed alpha or marconi+")
         return PrefixCache(spec, cap, alpha=alpha, grid=grids.grid, branch_rule="kv",
                            max_states_per_request=max_states, materialise=grids,
                            **(knobs or {}), **plus)
+    kv_tokens, state_slots = pools or (None, None)
     return MarconiSGLangCache(spec, cap, grids=grids, alpha=alpha,
                               max_states_per_request=max_states,
                               tracking_slots=2 if _number(p, "overlap", int, 0, 0) else 1,
-                              **plus)
+                              kv_tokens=kv_tokens, state_slots=state_slots, **plus)
 
 
-def _sglang(p, spec, cap, grid, host: HostTier | None = None):
+def _static_pools(p: PolicySpec, page: int):
+    """``kv_tokens=K:state_slots=S``: SGLang's default static pools, (K, S), or None for
+    the byte budget (the unified buffer)."""
     kv_tokens = _number(p, "kv_tokens", int, None, 1)
     state_slots = _number(p, "state_slots", int, None, 1)
     if (kv_tokens is None) != (state_slots is None):
         raise UserError(f"policy {p.label!r}: static pools need both kv_tokens and "
                         "state_slots")
-    page = _number(p, "page", int, 64, 1)
     if kv_tokens is not None and kv_tokens < page:
         raise UserError(f"policy {p.label!r}: kv_tokens must be >= the page ({page})")
+    return None if kv_tokens is None else (kv_tokens, state_slots)
+
+
+def _sglang(p, spec, cap, grid, host: HostTier | None = None):
+    page = _number(p, "page", int, 64, 1)
+    kv_tokens, state_slots = _static_pools(p, page) or (None, None)
     knobs = dict(chunk=_number(p, "chunk", int, 8192), track=_number(p, "track", int, 256, 1),
                  page=page, tracking_slots=2 if _number(p, "overlap", int, 0, 0) else 1)
     if host is not None:
@@ -292,9 +309,11 @@ POLICY_OPTIONS = {
     "vllm+": ("block", "max_states"),
     "paper-sglang+": ("max_states",),
     "marconi": ("alpha", "k", "max_states", "alphas", "window", "period", "hysteresis",
-                "sample", "materialise", "chunk", "page", "track", "overlap"),
+                "sample", "materialise", "chunk", "page", "track", "overlap", "kv_tokens",
+                "state_slots"),
     "infinite": ("max_states",),
     "marconi+": ("bonus", "half_life", "chain", "ghost", "end_threshold", "max_states",
-                 "materialise", "chunk", "page", "track", "overlap"),
+                 "materialise", "chunk", "page", "track", "overlap", "kv_tokens",
+                 "state_slots"),
     "offline": ("ghost", "max_states", "materialise", "chunk", "page", "track"),
 }
