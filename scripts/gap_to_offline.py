@@ -5,9 +5,9 @@ reuse_gap.py).
 Every policy runs in the simulator on one byte budget (SGLang's unified buffer, as
 `sim --capacity`; the `materialise=sglang` images are the plugin's, equal to `ab`'s
 request for request); the ceiling is `sglang` with room for everything. Prints, per policy,
-a table: rows = the reused prefix's reuse order (1st, 2nd, 3rd, 4th or later use after
-its first), columns = new tokens since its previous use; each cell "ceiling / missed", in
-% of all prefill FLOPs.
+a table: rows = the reused prefix's reuse order (its 2nd, 3rd, 4th, 5th or later use),
+columns = new tokens since its previous use; each cell "ceiling / missed (of which on
+requests that hit nothing)", in % of all prefill FLOPs.
 
 Usage: python scripts/gap_to_offline.py [--model paper-7b] [--capacity 100GB]
        [--policies sglang,marconi+:materialise=sglang,offline:materialise=sglang]
@@ -66,10 +66,10 @@ def main(argv=None) -> int:
             label = f"use {k + 1}" if k < reuse_gap.MAX_ORDER else f"use {k + 1}+"
             row = [label]
             for b in range(len(heads)):
-                ceil, miss = cells.get((k, b), (0.0, 0.0))
-                row.append(f"{ceil:.2%} / {miss:.2%}")
-            ceil_k, miss_k = reuse_gap.totals(cells).get(k, (0.0, 0.0))
-            row.append(f"{ceil_k:.2%} / {miss_k:.2%}")
+                ceil, miss, zero = cells.get((k, b), (0.0, 0.0, 0.0))
+                row.append(f"{ceil:.2%} / {miss:.2%} ({zero:.2%})")
+            ceil_k, miss_k, zero_k = reuse_gap.totals(cells).get(k, (0.0, 0.0, 0.0))
+            row.append(f"{ceil_k:.2%} / {miss_k:.2%} ({zero_k:.2%})")
             rows.append(row)
         print(table(["reused prefix", *heads, "all"], rows))
         print()

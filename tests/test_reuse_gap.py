@@ -37,7 +37,10 @@ def test_losses_are_ceiling_minus_saved_per_cell():
     ceiling = np.array([0.0, 6.0, 4.0])
     tables = reuse_gap.losses(kinds, ceiling, {"p": np.array([0.0, 2.0, 4.0])}, prefill=10.0)
     cells = tables["p"]
-    assert cells[(1, 0)] == pytest.approx((0.6, 0.4))
-    assert cells[(4, len(reuse_gap.DISTANCE_EDGES))] == pytest.approx((0.4, 0.0))
-    assert reuse_gap.totals(cells) == {1: pytest.approx((0.6, 0.4)),
-                                       4: pytest.approx((0.4, 0.0))}
+    assert cells[(1, 0)] == pytest.approx((0.6, 0.4, 0.0))
+    assert cells[(4, len(reuse_gap.DISTANCE_EDGES))] == pytest.approx((0.4, 0.0, 0.0))
+    assert reuse_gap.totals(cells) == {1: pytest.approx((0.6, 0.4, 0.0)),
+                                       4: pytest.approx((0.4, 0.0, 0.0))}
+    # a request the policy hit nothing for: its whole ceiling is missed, and counted apart
+    zero = reuse_gap.losses(kinds, ceiling, {"q": np.array([0.0, 0.0, 4.0])}, 10.0)["q"]
+    assert zero[(1, 0)] == pytest.approx((0.6, 0.6, 0.6))

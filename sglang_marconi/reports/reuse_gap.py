@@ -78,25 +78,28 @@ def per_request_flops(policy: str, trace, spec, capacity: Optional[int]) -> np.n
 
 
 def losses(kinds: list, ceiling: np.ndarray, policies: dict, prefill: float) -> dict:
-    """{policy: {(k, bin): (ceiling saves, policy misses)}} as fractions of ``prefill``;
-    ``policies``: name -> per-request FLOPs saved."""
+    """{policy: {(k, bin): (ceiling saves, policy misses, misses on requests the policy hit
+    nothing for)}} as fractions of ``prefill``; ``policies``: name -> per-request FLOPs
+    saved."""
     out = {}
     for name, saved in policies.items():
-        cells = defaultdict(lambda: [0.0, 0.0])
+        cells = defaultdict(lambda: [0.0, 0.0, 0.0])
         for i, kind in enumerate(kinds):
             if kind is None:
                 continue
             cell = cells[(kind[0], distance_bin(kind[1]))]
             cell[0] += ceiling[i] / prefill
             cell[1] += (ceiling[i] - saved[i]) / prefill
+            if not saved[i]:
+                cell[2] += ceiling[i] / prefill
         out[name] = {key: tuple(v) for key, v in cells.items()}
     return out
 
 
 def totals(table: dict) -> dict:
-    """{k: (ceiling saves, policy misses)} summed over the distances."""
-    out = defaultdict(lambda: [0.0, 0.0])
-    for (k, _), (ceil, miss) in table.items():
-        out[k][0] += ceil
-        out[k][1] += miss
+    """{k: (ceiling saves, policy misses, misses on zero hits)} summed over the distances."""
+    out = defaultdict(lambda: [0.0, 0.0, 0.0])
+    for (k, _), cell in table.items():
+        for j, v in enumerate(cell):
+            out[k][j] += v
     return {k: tuple(v) for k, v in sorted(out.items())}
