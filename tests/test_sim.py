@@ -155,3 +155,39 @@ def test_gen_trace_cli(tmp_path):
     assert len(lines) == 5 * 5  # 4 forks + 1 join per program
     assert set(json.loads(lines[0])) == {"session_id", "turn_id", "ts", "input_tokens",
                                          "output_tokens"}
+
+
+def test_sim_takes_abs_pool_flags(mooncake_path):
+    """``sim --cache-gb N --memory static|unified`` runs the SGLang images on the pools
+    ``ab --cache-gb N`` builds, in SGLang's default overlap loop: the same as naming the
+    pools in the policy options."""
+    common = ("sim", "--trace", str(mooncake_path), "--model", "paper-7b", "--limit", "400",
+              "--json", "--no-progress")
+    flags = _cli(*common, "--cache-gb", "100", "--memory", "static",
+                 "--policies", "sglang,marconi+:materialise=sglang")
+    assert flags.returncode == 0, flags.stderr
+    got = json.loads(flags.stdout)
+    assert (got["pools"]["mode"], got["pools"]["kv_tokens"], got["pools"]["mamba_slots"]) == (
+        "static", 862592, 1897)
+    pools = ":overlap=1:kv_tokens=862592:state_slots=1897"
+    named = _cli(*common, "--policies", f"sglang{pools},marconi+:materialise=sglang{pools}")
+    ref = json.loads(named.stdout)["policies"]
+    for label, r in got["policies"].items():
+        twin = ref[f"{label}{pools}"]
+        assert r["flops_saved"] == twin["flops_saved"] > 0
+        assert r["states_evicted"] == twin["states_evicted"]
+    unified = json.loads(_cli(*common, "--cache-gb", "100", "--memory", "unified",
+                              "--policies", "sglang").stdout)
+    assert unified["pools"]["mode"] == "unified" and unified["capacity_bytes"] == 107318034432
+
+
+def test_sim_pool_flags_refusals(mooncake_path):
+    base = ("sim", "--trace", str(mooncake_path), "--limit", "5")
+    cases = [(("--cache-gb", "10", "--capacity", "10GB"), "two forms of the cache size"),
+             (("--cache-gb", "10", "--policies", "marconi+"), "static pools are modelled for"),
+             (("--kv-tokens", "9000"), "both --kv-tokens and --mamba-slots"),
+             (("--memory", "unified"), "need --cache-gb")]
+    for extra, message in cases:
+        r = _cli(*base, *extra)
+        assert r.returncode != 0 and message in r.stderr, (extra, r.stderr)
+        assert "Traceback" not in r.stderr

@@ -9,7 +9,7 @@ import sys
 from sglang_marconi.cli.common import run_with_sglang
 from sglang_marconi.cli.host_flags import add_host_arguments, host_summary, resolve_host
 from sglang_marconi.cli.pool_flags import (add_pool_arguments, describe_pools, pool_summary,
-                                           resolve_pools)
+                                           positive_int, resolve_pools)
 from sglang_marconi.errors import UserError
 from sglang_marconi.model import resolve_model
 from sglang_marconi.policy import defaults
@@ -51,14 +51,7 @@ HOST_ROWS = (  # with a host tier (--hicache-*): the "host" section
 )
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+_positive = positive_int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

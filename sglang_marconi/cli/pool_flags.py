@@ -1,4 +1,4 @@
-"""The pool flags of ``ab`` and ``demo``: a byte budget sized the way SGLang sizes a server
+"""The pool flags of ``ab``, ``demo`` and ``sim``: a byte budget sized the way SGLang sizes a server
 (``--cache-gb N --memory static|unified --mamba-full-memory-ratio R``, ``driver/sizing.py``)
 or the explicit pool sizes (``--kv-tokens K --mamba-slots S``); one form, not both."""
 from __future__ import annotations
@@ -19,7 +19,17 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def add_pool_arguments(parser, positive) -> None:
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def add_pool_arguments(parser, positive=positive_int) -> None:
     group = parser.add_argument_group("pools (either --cache-gb or --kv-tokens/--mamba-slots)")
     group.add_argument("--cache-gb", type=_positive_float, default=None,
                        help="cache memory in GB (2**30 bytes, SGLang's rest_memory): pools "
@@ -40,6 +50,14 @@ def resolve_pools(args, spec):
     """(kv_tokens, mamba_slots, PoolSizes or None, UnifiedConfig or None) from the flags."""
     from sglang_marconi.driver.unified_pools import UnifiedConfig  # torch, sglang
 
+    kv_tokens, mamba_slots, sizes = pool_sizes(args, spec)
+    unified = UnifiedConfig.from_sizes(sizes) if sizes and sizes.mode == "unified" else None
+    return kv_tokens, mamba_slots, sizes, unified
+
+
+def pool_sizes(args, spec, page_size: int | None = None):
+    """(kv_tokens, mamba_slots, PoolSizes or None) from the flags (no torch, no SGLang):
+    the explicit form, or the pools SGLang sizes from ``--cache-gb``."""
     explicit = args.kv_tokens is not None or args.mamba_slots is not None
     if args.cache_gb is not None and explicit:
         raise UserError("--cache-gb and --kv-tokens/--mamba-slots are two forms of the pool "
@@ -49,12 +67,11 @@ def resolve_pools(args, spec):
             raise UserError("--memory and --mamba-full-memory-ratio need --cache-gb")
         if args.kv_tokens is None or args.mamba_slots is None:
             raise UserError("give --cache-gb N, or both --kv-tokens and --mamba-slots")
-        return args.kv_tokens, args.mamba_slots, None, None
+        return args.kv_tokens, args.mamba_slots, None
     sizes = size_pools(spec, args.cache_gb, args.memory or "static",
                        mamba_full_memory_ratio=args.mamba_full_memory_ratio or 0.9,
-                       page_size=args.page_size)
-    unified = UnifiedConfig.from_sizes(sizes) if sizes.mode == "unified" else None
-    return sizes.kv_tokens, sizes.mamba_slots, sizes, unified
+                       page_size=page_size or args.page_size)
+    return sizes.kv_tokens, sizes.mamba_slots, sizes
 
 
 def pool_summary(sizes, kv_tokens: int, mamba_slots: int) -> dict:

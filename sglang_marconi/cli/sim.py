@@ -7,11 +7,13 @@ from sglang_marconi.cli.common import (add_model_arguments, human_bytes, human_f
                                             model_from_args, parse_bytes, parse_params,
                                             print_json)
 from sglang_marconi.cli.host_flags import add_host_arguments, host_enabled
+from sglang_marconi.cli.pool_flags import add_pool_arguments, pool_sizes, pool_summary
 from sglang_marconi.errors import UserError
 from sglang_marconi.policy.stock_host import WRITE_POLICIES
+from sglang_marconi.reports.baseline_agreement import sim_capacity
 from sglang_marconi.sim.generators import generate
 from sglang_marconi.sim.latency import LatencyModel
-from sglang_marconi.sim.policies import HostTier, parse_policies
+from sglang_marconi.sim.policies import HostTier, in_sglang_pools, parse_policies
 from sglang_marconi.sim.runner import simulate
 from sglang_marconi.sim.traces import read_trace
 
@@ -26,8 +28,9 @@ def add_arguments(parser) -> None:
                      help="generator parameter override, repeatable (e.g. sessions=100)")
     src.add_argument("--limit", type=int, help="replay only the first N requests")
     add_model_arguments(parser)
-    parser.add_argument("--capacity", default="40GB",
-                        help="cache budget in bytes, e.g. 40GB (default 40GB)")
+    parser.add_argument("--capacity", default=None,
+                        help="cache budget in bytes, e.g. 40GB (default 40GB; or the pools "
+                             "ab builds: --cache-gb / --kv-tokens below)")
     parser.add_argument("--capacities", help="several budgets, e.g. 10GB,20GB,40GB (a sweep)")
     parser.add_argument("--policies", default="sglang,vllm+,paper-sglang+,marconi,infinite",
                         help="comma-separated: sglang (stock SGLang as a server runs it), "
@@ -44,6 +47,27 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_host_arguments(parser)
+    add_pool_arguments(parser)
+    parser.set_defaults(page_size=64)
+
+
+def sglang_pools(args, spec, policies):
+    """``--cache-gb`` / ``--kv-tokens``: the pools ``ab`` builds, as (policies run on them,
+    [the budget], their summary); None without those flags. Unified: the buffer's bytes
+    (``reports.baseline_agreement.sim_capacity``); static: the two pools (the budget is then
+    None)."""
+    if (args.cache_gb is None and args.kv_tokens is None and args.mamba_slots is None
+            and args.memory is None and args.mamba_full_memory_ratio is None):
+        return None
+    if args.capacity is not None or args.capacities:
+        raise UserError("--capacity/--capacities and --cache-gb/--kv-tokens are two forms of "
+                        "the cache size: give one")
+    kv_tokens, mamba_slots, sizes = pool_sizes(args, spec)
+    if sizes is not None and sizes.mode == "unified":
+        return ([in_sglang_pools(p) for p in policies], [sim_capacity(sizes)],
+                pool_summary(sizes, kv_tokens, mamba_slots))
+    return ([in_sglang_pools(p, kv_tokens, mamba_slots) for p in policies], [None],
+            pool_summary(sizes, kv_tokens, mamba_slots))
 
 
 def host_tier(args):
@@ -84,12 +108,20 @@ def run(args) -> int:
     latency = LatencyModel(args.gpu, args.mfu, args.ttft_overhead)
     spec = model_from_args(args, default_preset="paper-7b")
     trace = load_trace(args)
-    caps = ([parse_bytes(c, "--capacities") for c in args.capacities.split(",") if c.strip()]
-            if args.capacities else [parse_bytes(args.capacity, "--capacity")])
+    pools = sglang_pools(args, spec, policies)
+    if pools is not None:
+        policies, caps, summary = pools
+    else:
+        summary = None
+        caps = ([parse_bytes(c, "--capacities") for c in args.capacities.split(",") if c.strip()]
+                if args.capacities else [parse_bytes(args.capacity or "40GB", "--capacity")])
     progress = not args.no_progress and sys.stderr.isatty()
     host = host_tier(args)
     runs = [simulate(trace, spec, cap, policies, args.grid, latency, progress, args.jobs, host)
             for cap in caps]
+    if summary is not None:
+        for res in runs:
+            res["pools"] = summary
     if args.plot:
         from sglang_marconi.sim.plots import plot_runs  # heavy: matplotlib
 
@@ -106,8 +138,14 @@ def run(args) -> int:
 
 def print_table(res: dict) -> None:
     cap = res["capacity_bytes"]
+    pools = res.get("pools")
+    if pools is not None and pools.get("mode") != "unified":
+        size = (f"static pools: {pools['kv_tokens']:,} KV tokens, {pools['mamba_slots']:,} "
+                "state slots")
+    else:
+        size = f"capacity {human_bytes(cap) if cap else 'unlimited'}"
     print(f"\ntrace {res['trace']}: {res['requests']:,} requests, {res['input_tokens']:,} input "
-          f"tokens | model {res['model']} | capacity {human_bytes(cap) if cap else 'unlimited'}")
+          f"tokens | model {res['model']} | {size}")
     cols = ("policy", "tok hit", "req hit", "FLOPs saved", "(frac)", "of inf", "ckpt in",
             "ckpt out", "peak", "TTFT p50", "TTFT p95", "alpha", "wall")
     print(" ".join(f"{c:>11}" for c in cols))

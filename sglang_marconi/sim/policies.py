@@ -106,6 +106,27 @@ def parse_policies(text: str) -> list[PolicySpec]:
     return specs
 
 
+def in_sglang_pools(policy: PolicySpec, kv_tokens: int | None = None,
+                    state_slots: int | None = None) -> PolicySpec:
+    """``policy`` run on the pools ``ab`` builds (``sim --cache-gb`` / ``--kv-tokens``): a
+    policy that models SGLang (``sglang``, or ``materialise=sglang``) gets SGLang's default
+    overlap loop (``overlap=1``, as ``ab``) and, for static pools (``kv_tokens`` given),
+    ``kv_tokens`` and ``state_slots``; options the policy names itself are kept. The
+    planning simulator's policies model one byte budget only: refused on static pools."""
+    models_sglang = policy.name == "sglang" or policy.option("materialise") == "sglang"
+    if not models_sglang:
+        if kv_tokens is not None:
+            raise UserError(f"policy {policy.label!r}: SGLang's static pools are modelled for "
+                            "sglang and materialise=sglang policies only (use --memory "
+                            "unified, or --capacity for one byte budget)")
+        return policy
+    added = [("overlap", "1")]
+    if kv_tokens is not None:
+        added += [("kv_tokens", str(kv_tokens)), ("state_slots", str(state_slots))]
+    options = policy.options + tuple((k, v) for k, v in added if policy.option(k) is None)
+    return PolicySpec(policy.label, policy.name, options)
+
+
 def _number(policy: PolicySpec, key: str, cast, default, minimum=None):
     raw = policy.option(key)
     if raw is None:
