@@ -21,6 +21,7 @@ from sglang_marconi.cli.pool_flags import _positive_float
 from sglang_marconi.driver.sizing import size_pools
 from sglang_marconi.errors import UserError
 from sglang_marconi.model import resolve_model
+from sglang_marconi.policy import defaults
 from sglang_marconi.serving.gpu_model import PRESETS, GpuTimeModel, preset
 from sglang_marconi.serving.metrics import bookkeeping_ratios
 from sglang_marconi.serving.router import ROUTERS, make_router
@@ -124,8 +125,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="SGLang's flag: the normal loop (event_loop_normal) instead of the "
                         "overlap loop, SGLang's default; also 1 tracking slot per request "
                         "instead of 2")
-    p.add_argument("--schedule-policy", choices=("lpm", "fcfs", "dfs-weight", "lof", "random"),
-                   default="fcfs", help="the waiting queue's order (default fcfs, SGLang "
+    p.add_argument("--schedule-policy", choices=defaults.SCHEDULE_POLICIES,
+                   default=defaults.SCHEDULE_POLICY, help="the waiting queue's order (default "
+                   f"{defaults.SCHEDULE_POLICY}, SGLang "
                    "0.5.23's; lpm: longest prefix match first, serve-sim's default until "
                    "2026-12-02)")
     a = parser.add_argument_group("arrivals")

@@ -38,6 +38,8 @@ HOST_RULE = "ranked"               # host victims by the two-tier rule (policy/h
 
 # -- SGLang's mechanics the simulator mirrors ---------------------------------------------------
 INSERT_CLOCK_OFFSET = 0.5          # SGLang stamps an insert after the latest match
+SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight", "lof", "random")  # --schedule-policy
+SCHEDULE_POLICY = "fcfs"           # SGLang 0.5.23's default queue order (serve-sim's)
 
 
 def running_state_slots(extra_buffer: bool) -> int:

@@ -75,6 +75,7 @@ from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 from sglang_marconi.driver import host_tier
+from sglang_marconi.policy import defaults
 from sglang_marconi.driver.replay import _output_token, sampling_params
 from sglang_marconi.harness.ab import instrument, instrument_host
 from sglang_marconi.harness.timing import GCPauses
@@ -108,7 +109,7 @@ class SchedulerConfig:
     max_running_requests: int
     chunked_prefill_size: int = 8192
     max_prefill_tokens: int = 16384          # SGLang's --max-prefill-tokens default
-    schedule_policy: str = "fcfs"            # --schedule-policy (SGLang 0.5.23's default)
+    schedule_policy: str = defaults.SCHEDULE_POLICY  # --schedule-policy (SGLang's default)
     measure_bookkeeping: bool = True         # add the cache's measured CPU time to the clock
     bookkeeping_cpu_time: bool = False       # measure it as thread CPU time, not wall time
     mamba_chunk_size: int = 64
