@@ -2,9 +2,11 @@
 that never evicts, by reuse order and reuse distance (analysis: sglang_marconi/reports/
 reuse_gap.py).
 
-Every policy runs in the simulator on one byte budget (SGLang's unified buffer, as
-`sim --capacity`; the `materialise=sglang` images are the plugin's, equal to `ab`'s
-request for request); the ceiling is `sglang` with room for everything. Prints, per policy,
+Every policy runs in the simulator on one byte budget (`--capacity`, decimal units, as
+`sim`; the default policies are docs/beyond.md's: `materialise=sglang` is the plugin's
+model in SGLang's buffer with one tracking slot, so 22.15% for marconi+ at 100GB where `ab
+--cache-gb 100 --memory unified` in its default overlap loop gives 23.15%: add `:overlap=1`
+and `--capacity 107318034432` for that); the ceiling is `sglang` with room for everything. Prints, per policy,
 a table: rows = the reused prefix's reuse order (its 2nd, 3rd, 4th, 5th or later use),
 columns = new tokens since its previous use; each cell "ceiling / missed (of which on
 requests that hit nothing)", in % of all prefill FLOPs.

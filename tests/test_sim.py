@@ -186,7 +186,17 @@ def test_sim_pool_flags_refusals(mooncake_path):
     cases = [(("--cache-gb", "10", "--capacity", "10GB"), "two forms of the cache size"),
              (("--cache-gb", "10", "--policies", "marconi+"), "static pools are modelled for"),
              (("--kv-tokens", "9000"), "both --kv-tokens and --mamba-slots"),
-             (("--memory", "unified"), "need --cache-gb")]
+             (("--memory", "unified"), "need --cache-gb"),
+             # the future-knowing reference models one byte budget, not SGLang's pools
+             (("--kv-tokens", "90000", "--mamba-slots", "10", "--policies",
+               "offline:materialise=sglang"), "static pools are modelled for"),
+             # pools ab refuses: too small for the longest request, too few state slots
+             (("--kv-tokens", "20000", "--mamba-slots", "10", "--policies", "sglang"),
+              "cannot hold the longest request"),
+             (("--kv-tokens", "90000", "--mamba-slots", "2", "--policies", "sglang"),
+              "--mamba-slots must be at least 4"),
+             (("--cache-gb", "100", "--policies", "sglang:kv_tokens=90000:state_slots=9"),
+              "names its own pools")]
     for extra, message in cases:
         r = _cli(*base, *extra)
         assert r.returncode != 0 and message in r.stderr, (extra, r.stderr)

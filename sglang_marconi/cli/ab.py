@@ -8,8 +8,8 @@ import sys
 
 from sglang_marconi.cli.common import run_with_sglang
 from sglang_marconi.cli.host_flags import add_host_arguments, host_summary, resolve_host
-from sglang_marconi.cli.pool_flags import (add_pool_arguments, describe_pools, pool_summary,
-                                           positive_int, resolve_pools)
+from sglang_marconi.cli.pool_flags import (add_pool_arguments, check_pools_fit, describe_pools,
+                                           pool_summary, positive_int, resolve_pools)
 from sglang_marconi.errors import UserError
 from sglang_marconi.model import resolve_model
 from sglang_marconi.policy import defaults
@@ -150,12 +150,7 @@ def _settings(args):
 def _check_pools(args, requests, kv_tokens: int, mamba_slots: int) -> int:
     """The longest request must fit the pools; returns the max context length to size."""
     longest = max(len(r.input_ids) + max(1, r.output_len) for r in requests)
-    need = longest + 2 * args.page_size
-    if kv_tokens < need:
-        given = ("--kv-tokens" if args.cache_gb is None
-                 else f"--cache-gb {args.cache_gb:g} ({args.memory or 'static'}): KV tokens")
-        raise UserError(f"{given} {kv_tokens} cannot hold the longest request of "
-                        f"the trace ({longest} tokens); use at least {need}")
+    need = check_pools_fit(args, kv_tokens, mamba_slots, longest, args.page_size)
     if args.mamba_track_interval % args.page_size or args.chunked_prefill_size % args.page_size:
         raise UserError("--mamba-track-interval and --chunked-prefill-size must be multiples "
                         f"of --page-size {args.page_size}")
@@ -165,8 +160,6 @@ def _check_pools(args, requests, kv_tokens: int, mamba_slots: int) -> int:
     if args.mamba_radix_cache_strategy == "no_buffer" and not args.disable_overlap_schedule:
         raise UserError("--mamba-radix-cache-strategy no_buffer needs "
                         "--disable-overlap-schedule (as in SGLang: mamba_hook.py 156-160)")
-    if mamba_slots < 4:
-        raise UserError("--mamba-slots must be at least 4 (a running request holds 3)")
     return need
 
 

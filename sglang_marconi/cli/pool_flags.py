@@ -74,6 +74,21 @@ def pool_sizes(args, spec, page_size: int | None = None):
     return sizes.kv_tokens, sizes.mamba_slots, sizes
 
 
+def check_pools_fit(args, kv_tokens: int, mamba_slots: int, longest: int, page: int) -> int:
+    """The pools must hold the longest request (its tokens and 2 pages, as SGLang checks
+    ``max_context_len``) and a running request's 3 state slots and one more; returns the
+    KV tokens needed. One-line errors that name the flag."""
+    need = longest + 2 * page
+    if kv_tokens < need:
+        given = ("--kv-tokens" if args.cache_gb is None
+                 else f"--cache-gb {args.cache_gb:g} ({args.memory or 'static'}): KV tokens")
+        raise UserError(f"{given} {kv_tokens} cannot hold the longest request of "
+                        f"the trace ({longest} tokens); use at least {need}")
+    if mamba_slots < 4:
+        raise UserError("--mamba-slots must be at least 4 (a running request holds 3)")
+    return need
+
+
 def pool_summary(sizes, kv_tokens: int, mamba_slots: int) -> dict:
     """The pool sizes a run used, for ``--json`` (``mode`` "explicit" without --cache-gb)."""
     if sizes is None:

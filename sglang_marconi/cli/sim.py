@@ -7,7 +7,8 @@ from sglang_marconi.cli.common import (add_model_arguments, human_bytes, human_f
                                             model_from_args, parse_bytes, parse_params,
                                             print_json)
 from sglang_marconi.cli.host_flags import add_host_arguments, host_enabled
-from sglang_marconi.cli.pool_flags import add_pool_arguments, pool_sizes, pool_summary
+from sglang_marconi.cli.pool_flags import (add_pool_arguments, check_pools_fit, pool_sizes,
+                                           pool_summary)
 from sglang_marconi.errors import UserError
 from sglang_marconi.policy.stock_host import WRITE_POLICIES
 from sglang_marconi.reports.baseline_agreement import sim_capacity
@@ -51,11 +52,12 @@ def add_arguments(parser) -> None:
     parser.set_defaults(page_size=64)
 
 
-def sglang_pools(args, spec, policies):
-    """``--cache-gb`` / ``--kv-tokens``: the pools ``ab`` builds, as (policies run on them,
-    [the budget], their summary); None without those flags. Unified: the buffer's bytes
-    (``reports.baseline_agreement.sim_capacity``); static: the two pools (the budget is then
-    None)."""
+def sglang_pools(args, spec, policies, trace):
+    """``--cache-gb`` / ``--kv-tokens``: the pools ``ab`` builds (at SGLang's default page of
+    64 tokens), as (policies run on them, [the budget], their summary); None without those
+    flags. Unified: the buffer's bytes (``reports.baseline_agreement.sim_capacity``); static:
+    the two pools (the budget is then None). Pools ``ab`` would refuse for ``trace`` are
+    refused."""
     if (args.cache_gb is None and args.kv_tokens is None and args.mamba_slots is None
             and args.memory is None and args.mamba_full_memory_ratio is None):
         return None
@@ -63,6 +65,8 @@ def sglang_pools(args, spec, policies):
         raise UserError("--capacity/--capacities and --cache-gb/--kv-tokens are two forms of "
                         "the cache size: give one")
     kv_tokens, mamba_slots, sizes = pool_sizes(args, spec)
+    longest = max(r.input_len + max(1, r.output_len) for r in trace.requests)
+    check_pools_fit(args, kv_tokens, mamba_slots, longest, args.page_size)
     if sizes is not None and sizes.mode == "unified":
         return ([in_sglang_pools(p) for p in policies], [sim_capacity(sizes)],
                 pool_summary(sizes, kv_tokens, mamba_slots))
@@ -108,7 +112,7 @@ def run(args) -> int:
     latency = LatencyModel(args.gpu, args.mfu, args.ttft_overhead)
     spec = model_from_args(args, default_preset="paper-7b")
     trace = load_trace(args)
-    pools = sglang_pools(args, spec, policies)
+    pools = sglang_pools(args, spec, policies, trace)
     if pools is not None:
         policies, caps, summary = pools
     else:

@@ -109,11 +109,16 @@ def parse_policies(text: str) -> list[PolicySpec]:
 def in_sglang_pools(policy: PolicySpec, kv_tokens: int | None = None,
                     state_slots: int | None = None) -> PolicySpec:
     """``policy`` run on the pools ``ab`` builds (``sim --cache-gb`` / ``--kv-tokens``): a
-    policy that models SGLang (``sglang``, or ``materialise=sglang``) gets SGLang's default
-    overlap loop (``overlap=1``, as ``ab``) and, for static pools (``kv_tokens`` given),
-    ``kv_tokens`` and ``state_slots``; options the policy names itself are kept. The
-    planning simulator's policies model one byte budget only: refused on static pools."""
-    models_sglang = policy.name == "sglang" or policy.option("materialise") == "sglang"
+    policy that models SGLang (``sglang``, or marconi / marconi+ with ``materialise=sglang``)
+    gets SGLang's default overlap loop (``overlap=1``, as ``ab``) and, for static pools
+    (``kv_tokens`` given), ``kv_tokens`` and ``state_slots``; a policy that names its own
+    pools is refused. The planning simulator's policies (the others, ``offline`` included)
+    model one byte budget only: refused on static pools."""
+    if policy.option("kv_tokens") is not None or policy.option("state_slots") is not None:
+        raise UserError(f"policy {policy.label!r} names its own pools (kv_tokens, state_slots): "
+                        "drop them, or drop --cache-gb / --kv-tokens")
+    models_sglang = policy.name == "sglang" or (
+        policy.name in ("marconi", "marconi+") and policy.option("materialise") == "sglang")
     if not models_sglang:
         if kv_tokens is not None:
             raise UserError(f"policy {policy.label!r}: SGLang's static pools are modelled for "
@@ -231,8 +236,8 @@ def _marconi_plus(p, spec, cap, grid):
     ghost = _number(p, "ghost", float, defaults.GHOST_FACTOR, 0.0)
     grids = _materialise(p)
     pools = _static_pools(p, grids.page) if grids else None
-    if pools is not None:  # the plugin's budget: factor x the KV pool's token slots
-        ghost_tokens = int(ghost * (pools[0] // grids.page * grids.page)) or None
+    if pools is not None:  # the plugin's budget: factor x the KV allocator's size
+        ghost_tokens = int(ghost * pools[0]) or None
     else:
         ghost_tokens = ghost_budget(ghost, spec, cap, grids.page if grids else None)
     threshold = _number(p, "end_threshold", float, defaults.END_THRESHOLD, 0.0) if ghost_tokens else None
