@@ -11,8 +11,9 @@ simulator's `marconi+:materialise=sglang:overlap=1` (``policy.in_sglang``), in b
 layouts (static: `kv_tokens`, `state_slots`, as for stock). `--hicache-size H` (issue
 20): stock SGLang with HiCache (`--hicache-write-policy` write_through, the default, or
 write_through_selective) behind the static pools, `ab --memory static --hicache-size H`
-against the simulator's `sglang` with the same host tier
-(``policy.stock_host``), with the host section (hits from host, bytes loaded, backups,
+against the simulator's `sglang` with the same host tier (``policy.stock_host``), and
+marconi+ with HiCache against `marconi+:materialise=sglang` with the host tier and the
+two-tier rule (``policy.in_sglang_host``), with the host section (hits from host, bytes loaded, backups,
 evictions per tier) side by side (``reports/host_agreement.py``). Prints both FLOPs-saved
 fractions, their difference in percentage points, the share of requests with identical
 hits, the capacity the simulator used and the requests that differ most. Analysis:
@@ -61,17 +62,17 @@ def main(argv=None) -> int:
                     help="ab's caches to compare with their simulator images: stock (the "
                          "sglang baseline), marconi+ (the plugin); default both")
     ap.add_argument("--hicache-size", type=float, default=None, metavar="GB",
-                    help="a host tier of GB (10**9 bytes), write_through: stock on static "
-                         "pools only, with the host section")
+                    help="a host tier of GB (10**9 bytes) behind the static pools: each "
+                         "cache with HiCache, with the host section")
     ap.add_argument("--hicache-write-policy", choices=WRITE_POLICIES, default="write_through",
                     help="with --hicache-size: when a node is backed up (default write_through)")
     ap.add_argument("--json", action="store_true", help="print the comparison as JSON")
     args = ap.parse_args(argv)
-    if args.hicache_size is not None:
-        return host_tier_agreement(args)
     caches = [c.strip() for c in args.caches.split(",") if c.strip()]
     if not caches or set(caches) - {"stock", "marconi+"}:
         ap.error(f"--caches: expected stock and/or marconi+, got {args.caches!r}")
+    if args.hicache_size is not None:
+        return host_tier_agreement(args, caches)
 
     spec = resolve_model(args.model, None)
     trace = read_trace(args.trace).head(args.limit)
@@ -114,38 +115,48 @@ def main(argv=None) -> int:
     return 0
 
 
-def host_tier_agreement(args) -> int:
-    """``--hicache-size``: stock with HiCache against the simulator's host tier."""
+def host_tier_agreement(args, caches) -> int:
+    """``--hicache-size``: stock (and marconi+) with HiCache against the simulator's
+    images with its host tier."""
     spec = resolve_model(args.model, None)
     trace = read_trace(args.trace).head(args.limit)
     pools = agreement.sim_pools(size_pools(spec, args.cache_gb, "static",
                                            page_size=args.page_size))
     pools.pop("capacity_bytes")
-    ab = host_agreement.ab_argv(args.trace, args.model, args.cache_gb, args.hicache_size,
-                                args.limit, args.chunked_prefill_size,
-                                args.mamba_track_interval, args.page_size,
-                                args.hicache_write_policy)
-    run = subprocess.run([sys.executable, "-m", "sglang_marconi", *ab], cwd=ROOT,
-                         env=_env(), capture_output=True, text=True)
-    if run.returncode != 0:
-        sys.stderr.write(run.stderr)
-        return run.returncode
-    hits, cache = host_agreement.simulate(trace, spec, args.hicache_size,
-                                          chunk=args.chunked_prefill_size,
-                                          track=args.mamba_track_interval,
-                                          page=args.page_size,
-                                          write_policy=args.hicache_write_policy, **pools)
-    res = host_agreement.compare(trace, spec, hits, cache, json.loads(run.stdout))
+    results, reports = {}, []
+    for name in caches:
+        ab = host_agreement.ab_argv(args.trace, args.model, args.cache_gb, args.hicache_size,
+                                    args.limit, args.chunked_prefill_size,
+                                    args.mamba_track_interval, args.page_size,
+                                    args.hicache_write_policy, cache=name)
+        run = subprocess.run([sys.executable, "-m", "sglang_marconi", *ab], cwd=ROOT,
+                             env=_env(), capture_output=True, text=True)
+        if run.returncode != 0:
+            sys.stderr.write(run.stderr)
+            return run.returncode
+        hits, cache = host_agreement.simulate(trace, spec, args.hicache_size,
+                                              chunk=args.chunked_prefill_size,
+                                              track=args.mamba_track_interval,
+                                              page=args.page_size,
+                                              write_policy=args.hicache_write_policy,
+                                              cache=name, **pools)
+        res = results[name] = host_agreement.compare(trace, spec, hits, cache,
+                                                     json.loads(run.stdout), name)
+        scope = (f"first {len(trace):,} requests" if args.limit
+                 else f"all {len(trace):,} requests")
+        image = "sglang" if name == "stock" else "marconi+:materialise=sglang"
+        reports.append(host_agreement.format_report(
+            res, ab_command=" ".join(ab),
+            columns=(f"ab {name} + HiCache", f"simulator {image} + host tier"),
+            title=(f"Simulator `{image}` + host tier vs `ab` {name} + HiCache: {args.model}, "
+                   f"{args.cache_gb:g} GiB static + {args.hicache_size:g} GB host, "
+                   f"{args.hicache_write_policy}, {scope} of {Path(args.trace).name}")))
     if args.json:
-        json.dump(res, sys.stdout, indent=2)
+        json.dump(results if len(results) > 1 else next(iter(results.values())), sys.stdout,
+                  indent=2)
         sys.stdout.write("\n")
-        return 0
-    scope = f"first {len(trace):,} requests" if args.limit else f"all {len(trace):,} requests"
-    print(host_agreement.format_report(
-        res, ab_command=" ".join(ab),
-        title=(f"Simulator `sglang` + host tier vs `ab` stock + HiCache: {args.model}, "
-               f"{args.cache_gb:g} GiB static + {args.hicache_size:g} GB host, "
-               f"{args.hicache_write_policy}, {scope} of {Path(args.trace).name}")))
+    else:
+        print("\n\n".join(reports))
     return 0
 
 

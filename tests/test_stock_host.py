@@ -125,7 +125,8 @@ def test_sim_cli_refuses_what_it_does_not_model():
              ((static, "--hicache-ratio", "2", "--hicache-storage-backend", "file"),
               "--hicache-storage-backend"),
              (("sglang", "--hicache-ratio", "2"), "needs static pools"),
-             (("marconi+", "--hicache-ratio", "2"), "sglang policy only")]
+             (("marconi+", "--hicache-ratio", "2"), "has none"),
+             (("marconi+:materialise=sglang", "--hicache-ratio", "2"), "needs static pools")]
     for extra, message in cases:
         with pytest.raises(UserError, match=message):
             run_cli(sim_cli, *base, *extra)

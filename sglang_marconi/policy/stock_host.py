@@ -137,7 +137,9 @@ class StockHiCache(StockSGLangCache):
     """Stock SGLang with HiCache (write_through or write_through_selective), static pools,
     one request at a time."""
 
-    def __init__(self, spec, *, host: HostPools, kv_tokens: int, state_slots: int, **kwargs):
+    def __init__(self, spec, capacity_bytes=None, *, host: HostPools | None = None,
+                 kv_tokens: int, state_slots: int, **kwargs):
+        host = host if host is not None else self.host  # a subclass may set it first
         if host.write_policy not in WRITE_POLICIES:
             raise ValueError(f"host tier: write policy {host.write_policy!r} is not built "
                              f"(built: {', '.join(WRITE_POLICIES)})")

@@ -1,6 +1,8 @@
 """The simulator's stock SGLang with a host tier (``policy.stock_host``) against ``ab``'s
 stock SGLang with HiCache on the same pools (``scripts/bench_baseline_agreement.py --hicache-size H``,
-``--hicache-write-policy``: write_through or write_through_selective).
+``--hicache-write-policy``: write_through or write_through_selective); with ``cache``
+"marconi+", the simulator's marconi+ with the host tier and the two-tier rule
+(``policy.in_sglang_host``) against ``ab``'s marconi+ (the plugin) with HiCache.
 
 ``ab --memory static --hicache-size G --caches stock --per-request`` replays a trace through
 SGLang's own ``UnifiedRadixCache`` with its host tier; the simulator's ``sglang`` policy on
@@ -14,7 +16,7 @@ from __future__ import annotations
 from sglang_marconi.policy.stock_host import StockHiCache
 from sglang_marconi.reports import baseline_agreement as agreement
 from sglang_marconi.reports.formatting import table
-from sglang_marconi.sim.policies import HostTier
+from sglang_marconi.sim.policies import HostTier, build_cache, parse_policy
 
 HOST_FIELDS = ("hit_tokens", "flops_saved", "kv_tokens_loaded", "states_loaded",
                "bytes_loaded", "kv_tokens_backed_up", "states_backed_up",
@@ -23,30 +25,36 @@ HOST_FIELDS = ("hit_tokens", "flops_saved", "kv_tokens_loaded", "states_loaded",
 
 def ab_argv(trace_path, model: str, cache_gb: float, host_gb: float,
             limit: int | None = None, chunk: int = 8192, track: int = 256,
-            page: int = 64, write_policy: str = "write_through") -> list:
+            page: int = 64, write_policy: str = "write_through", cache: str = "stock") -> list:
     """``ab``'s command line (after ``python -m sglang_marconi``): static pools, HiCache
-    with ``host_gb`` GB of host memory and ``write_policy``, stock only."""
+    with ``host_gb`` GB of host memory and ``write_policy``, the one ``cache``."""
     return agreement.ab_argv(trace_path, model, cache_gb, limit, chunk, track, page,
-                             memory="static") + [
+                             memory="static", cache=cache) + [
         "--hicache-size", f"{host_gb:g}", "--hicache-write-policy", write_policy]
 
 
 def simulate(trace, spec, host_gb: float, *, kv_tokens: int, state_slots: int,
              tracking_slots: int = 2, chunk: int = 8192, track: int = 256, page: int = 64,
-             write_policy: str = "write_through"):
-    """The simulator's stock SGLang with ``host_gb`` of host tier: (hits, the cache)."""
-    host = HostTier(size_gb=host_gb, write_policy=write_policy).pools(
-        spec, kv_tokens, state_slots, page)
-    cache = StockHiCache(spec, host=host, kv_tokens=kv_tokens, state_slots=state_slots,
-                         tracking_slots=tracking_slots, chunk=chunk, track=track, page=page)
-    hits = [cache.process(r.input_tokens, r.full_tokens) for r in trace.requests]
-    return hits, cache
+             write_policy: str = "write_through", cache: str = "stock"):
+    """The simulator's image of ``ab``'s ``cache`` (stock, or marconi+) with ``host_gb`` of
+    host tier: (hits, the cache)."""
+    tier = HostTier(size_gb=host_gb, write_policy=write_policy)
+    if cache == "marconi+":
+        policy = agreement.marconi_plus_policy(chunk, track, page, kv_tokens, state_slots)
+        sim = build_cache(parse_policy(policy), spec, None, page, trace, tier)
+    else:
+        sim = StockHiCache(spec, host=tier.pools(spec, kv_tokens, state_slots, page),
+                           kv_tokens=kv_tokens, state_slots=state_slots,
+                           tracking_slots=tracking_slots, chunk=chunk, track=track, page=page)
+    hits = [sim.process(r.input_tokens, r.full_tokens) for r in trace.requests]
+    return hits, sim
 
 
-def compare(trace, spec, hits, cache, ab_result: dict) -> dict:
-    """``baseline_agreement.compare`` plus both host sections and the host pools."""
-    res = agreement.compare(trace, spec, hits, cache.stats, ab_result, None)
-    ab_host = ab_result["caches"]["stock"]["host"]
+def compare(trace, spec, hits, cache, ab_result: dict, name: str = "stock") -> dict:
+    """``baseline_agreement.compare`` plus both host sections and the host pools, for
+    ``ab``'s cache ``name``."""
+    res = agreement.compare(trace, spec, hits, cache.stats, ab_result, None, cache=name)
+    ab_host = ab_result["caches"][name]["host"]
     sim_host = cache.host_stats.as_dict()
     res["host"] = {"sim": {k: sim_host[k] for k in HOST_FIELDS},
                    "ab": {k: ab_host[k] for k in HOST_FIELDS},
@@ -58,7 +66,8 @@ def compare(trace, spec, hits, cache, ab_result: dict) -> dict:
     return res
 
 
-def format_report(res: dict, *, title: str, ab_command: str) -> str:
+def format_report(res: dict, *, title: str, ab_command: str,
+                  columns=("ab stock + HiCache", "simulator sglang + host tier")) -> str:
     sim, ab, host = res["sim"], res["ab"], res["host"]
     rows = [("FLOPs saved (of prefill)", f"{100 * ab['flops_saved_fraction']:.3f}%",
              f"{100 * sim['flops_saved_fraction']:.3f}%"),
@@ -77,7 +86,7 @@ def format_report(res: dict, *, title: str, ab_command: str) -> str:
         f"ab's config reports {host['pools']['ab']}, the simulator uses "
         f"{host['pools']['sim']} (as SGLang builds them: pool_host/base.py 226-229, "
         "pool_host/mamba.py 171-174)", "",
-        table(("", "ab stock + HiCache", "simulator sglang + host tier"), rows), "",
+        table(("", *columns), rows), "",
         f"- FLOPs saved, simulator - ab: {res['diff_pp']:+.3f} pp",
         f"- identical per-request hits: {res['identical']:,} / {res['requests']:,}",
         f"- identical host fields: {len(host['identical_fields'])} / {len(HOST_FIELDS)}",

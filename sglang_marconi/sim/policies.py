@@ -14,8 +14,9 @@
   ignored; a state shortage runs SGLang's MAMBA walk). Takes no ``max_states`` and ignores
   the simulator's ``--grid``. With the host-tier flags (``sim --hicache-size GB`` or
   ``--hicache-ratio R``, ``ab``'s: ``HostTier``) and static pools: SGLang's HiCache
-  write_through or write_through_selective behind them (``policy.stock_host``); no other
-  policy has a host tier.
+  write_through or write_through_selective behind them (``policy.stock_host``);
+  ``marconi+:materialise=sglang`` on static pools has it too, with the two-tier rule
+  (``policy.in_sglang_host``); no other policy has a host tier.
 - ``vllm+``: a state at every ``block``-token boundary (32), LRU eviction.
 - ``paper-sglang+``: Marconi admission, LRU eviction (alpha 0).
 - ``marconi``: Marconi admission, FLOP-aware eviction, alpha tuned by bootstrap (``alpha=auto``,
@@ -56,6 +57,7 @@ from sglang_marconi.policy.defaults import NO_CAP
 from sglang_marconi.policy.admission import SGLangGrids, sglang_grid, sglang_track_grid
 from sglang_marconi.policy.cache import PrefixCache
 from sglang_marconi.policy.in_sglang import MarconiSGLangCache
+from sglang_marconi.policy.in_sglang_host import MarconiHiCache
 from sglang_marconi.policy.likelihood import ReuseWeight
 from sglang_marconi.policy.offline import offline_cache
 from sglang_marconi.policy.stock import StockSGLangCache
@@ -171,9 +173,12 @@ class HostTier:
 def build_cache(policy: PolicySpec, spec, capacity, grid: int = 1, trace=None,
                 host: HostTier | None = None) -> PrefixCache:
     if host is not None:
+        if policy.name == "marconi+" and policy.option("materialise") == "sglang":
+            return _marconi_plus(policy, spec, capacity, grid, host)
         if policy.name != "sglang":
-            raise UserError(f"--hicache-*: the simulator's host tier is built for the sglang "
-                            f"policy only (static pools); policy {policy.label!r} has none")
+            raise UserError(f"--hicache-*: the simulator's host tier is built for sglang and "
+                            f"marconi+:materialise=sglang (static pools); policy "
+                            f"{policy.label!r} has none")
         return _sglang(policy, spec, capacity, grid, host)
     if policy.name == "offline":
         if trace is None:
@@ -229,7 +234,7 @@ def _marconi(p, spec, cap, grid):
     return PrefixCache(spec, cap, alpha=_alpha(p), grid=grid, **knobs, **_common(p))
 
 
-def _marconi_plus(p, spec, cap, grid):
+def _marconi_plus(p, spec, cap, grid, host: HostTier | None = None):
     weight = ReuseWeight(branch_bonus=_number(p, "bonus", float, defaults.BRANCH_BONUS, 0.0),
                          half_life=_number(p, "half_life", float, math.inf, 1.0),
                          chain_weight=_number(p, "chain", float, defaults.CHAIN_WEIGHT, 0.0))
@@ -242,6 +247,18 @@ def _marconi_plus(p, spec, cap, grid):
         ghost_tokens = ghost_budget(ghost, spec, cap, grids.page if grids else None)
     threshold = _number(p, "end_threshold", float, defaults.END_THRESHOLD, 0.0) if ghost_tokens else None
     plus = dict(reuse_weight=weight, ghost_tokens=ghost_tokens, end_threshold=threshold)
+    if host is not None:
+        if pools is None:
+            raise UserError(f"--hicache-*: policy {p.label!r} needs static pools "
+                            "(kv_tokens=K:state_slots=S, or sim --cache-gb / --kv-tokens): "
+                            "SGLang's host tier is built over them, not over the unified "
+                            "buffer")
+        kv_tokens, state_slots = pools
+        return MarconiHiCache(spec, host=host.pools(spec, kv_tokens, state_slots, grids.page),
+                              kv_tokens=kv_tokens, state_slots=state_slots, grids=grids,
+                              max_states_per_request=_number(p, "max_states", int, NO_CAP, 0),
+                              tracking_slots=2 if _number(p, "overlap", int, 0, 0) else 1,
+                              **plus)
     if _materialise(p) is not None:
         return _in_sglang(p, spec, cap, alpha=0.0, **plus)
     return PrefixCache(spec, cap, grid=grid, **plus, **_common(p))

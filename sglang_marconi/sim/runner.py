@@ -100,7 +100,8 @@ def _run_forked(args):
 def simulate(trace, spec, capacity, policies, grid: int = 1, latency: LatencyModel | None = None,
              progress: bool = True, jobs: int = 1, host: HostTier | None = None) -> dict:
     """Replay ``trace`` through every policy; returns {"policies": {label: metrics}, ...}.
-    ``host``: the host tier (``--hicache-*``; the ``sglang`` policy on static pools only)."""
+    ``host``: the host tier (``--hicache-*``; sglang and marconi+:materialise=sglang on static
+    pools)."""
     latency = latency or LatencyModel()
     results: dict[str, dict] = {}
     if jobs > 1 and len(policies) > 1:
