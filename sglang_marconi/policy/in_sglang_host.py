@@ -165,51 +165,35 @@ class MarconiHiCache(MarconiSGLangCache, StockHiCache):
         held = self.kv_bytes * len(node.key) + (self.state_bytes if node.hstate else 0)
         return self._host_efficiency(node, held)
 
-    def _host_room_kv(self, tokens: int) -> bool:
-        """The FULL host walk: host leaves (unlocked), lowest key first; a parent left a
-        host leaf joins."""
-        short = self.host_kv_tokens + tokens - self.host.kv_tokens
-        if short <= 0:
-            return True
-        ranking = HostRanking("gdsf", self._host_kv_efficiency, recency=_stamp,
-                              clock=self.host_clock_kv)
-        heap = ranking.heap(sorted((n for n in self._host_leaves if n.lock == 0),
-                                   key=_node_id))
-        while short > 0 and heap:
-            key, _, node = heapq.heappop(heap)
-            if node not in self._host_leaves:
-                continue
-            short -= len(node.key)
-            self.host_stats.kv_tokens_evicted += len(node.key)
-            parent = node.parent
-            self._evict_host_leaf(node)
-            self.host_clock_kv.evicted(node, key)
-            if parent in self._host_leaves and parent.lock == 0:
-                heapq.heappush(heap, ranking.entry(parent))
-        return short <= 0
+    def _host_kv_heap(self, candidates) -> list:
+        """The FULL host walk's heap (``StockHiCache._host_room_kv``): host leaves by the
+        two-tier rule's GDSF keys, ties in node-id order."""
+        self._host_kv_ranking = HostRanking("gdsf", self._host_kv_efficiency, recency=_stamp,
+                                            clock=self.host_clock_kv)
+        return self._host_kv_ranking.heap(sorted(candidates, key=_node_id))
 
-    def _host_room_state(self) -> bool:
-        """The MAMBA host walk: host-only states (unlocked), lowest key first; a host leaf
-        goes whole, any other node keeps its KV."""
-        if self.host_states < self.host.state_slots:
-            return True
+    def _host_kv_entry(self, node) -> tuple:
+        return self._host_kv_ranking.entry(node)
+
+    def _host_kv_evicted(self, node, key) -> None:
+        self.host_clock_kv.evicted(node, key)
+
+    def _host_state_victims(self):
+        """The MAMBA host walk's order: host-only states by the two-tier rule's GDSF keys.
+        Every one is keyed when the walk starts, locked or not (the plugin's candidates are
+        those without a host lock), so each takes its aging base then."""
         ranking = HostRanking("gdsf", lambda n: self._host_efficiency(n, self.state_bytes),
                               recency=_stamp, clock=self.host_clock_state)
         heap = ranking.heap(list(self._host_state_lru))
-        while self.host_states >= self.host.state_slots and heap:
-            key, _, victim = heapq.heappop(heap)
-            if victim not in self._host_state_lru or victim.lock:
-                continue
-            self.host_stats.states_evicted += 1
-            if victim in self._host_leaves:
-                self._evict_host_leaf(victim)
-            else:
-                del self._host_state_lru[victim]
-                victim.hstate = False
-                self.host_states -= 1
-                victim.hit_score, victim.last_hit = 0.0, 0  # the last copy went
-            self.host_clock_state.evicted(victim, key)
-        return self.host_states < self.host.state_slots
+        while heap:
+            key, _, node = heapq.heappop(heap)
+            yield key, node
+
+    def _host_state_dropped(self, node) -> None:
+        node.hit_score, node.last_hit = 0.0, 0  # the last copy of the state went
+
+    def _host_state_evicted(self, node, key) -> None:
+        self.host_clock_state.evicted(node, key)
 
 
 def _stamp(node) -> float:

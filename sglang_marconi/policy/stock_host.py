@@ -349,34 +349,36 @@ class StockHiCache(StockSGLangCache):
             self._host_leaves.discard(node)
 
     def _host_room_kv(self, tokens: int) -> bool:
-        """Evict host leaves, least recently stamped first, until ``tokens`` fit."""
+        """Evict host leaves (unlocked), lowest ``_host_kv_entry`` first, until ``tokens``
+        fit; a parent left a host leaf joins."""
         short = self.host_kv_tokens + tokens - self.host.kv_tokens
         if short <= 0:
             return True
-        heap = [(n.stamp, n.id, n) for n in self._host_leaves if n.lock == 0]
-        heapq.heapify(heap)
+        heap = self._host_kv_heap([n for n in self._host_leaves if n.lock == 0])
         while short > 0 and heap:
-            _, _, node = heapq.heappop(heap)
+            key, _, node = heapq.heappop(heap)
             if node not in self._host_leaves:
                 continue
             short -= len(node.key)
             self.host_stats.kv_tokens_evicted += len(node.key)
             parent = node.parent
             self._evict_host_leaf(node)
+            self._host_kv_evicted(node, key)
             if parent in self._host_leaves and parent.lock == 0:  # a host leaf now
-                heapq.heappush(heap, (parent.stamp, parent.id, parent))
+                heapq.heappush(heap, self._host_kv_entry(parent))
         return short <= 0
 
     def _host_room_state(self) -> bool:
         """A free state host slot; when the pool is full, the MAMBA host walk
-        (``components/mamba.py`` ``drive_host_eviction``) frees the least recently
-        demoted host-only state: a host leaf goes whole, any other node keeps its KV."""
+        (``components/mamba.py`` ``drive_host_eviction``) frees host-only states (unlocked)
+        in ``_host_state_victims`` order: a host leaf goes whole, any other node keeps its
+        KV."""
         if self.host_states < self.host.state_slots:
             return True
-        for victim in list(self._host_state_lru):
+        for key, victim in self._host_state_victims():
             if self.host_states < self.host.state_slots:
                 break
-            if victim.lock:
+            if victim not in self._host_state_lru or victim.lock:
                 continue
             self.host_stats.states_evicted += 1
             if victim in self._host_leaves:
@@ -385,7 +387,34 @@ class StockHiCache(StockSGLangCache):
                 del self._host_state_lru[victim]
                 victim.hstate = False
                 self.host_states -= 1
+                self._host_state_dropped(victim)
+            self._host_state_evicted(victim, key)
         return self.host_states < self.host.state_slots
+
+    # ---- the host walks' order: SGLang's host LRU (a subclass ranks them its own way) ----------
+    def _host_kv_heap(self, candidates) -> list:
+        """A heap of ``_host_kv_entry``s: least recently stamped first."""
+        heap = [self._host_kv_entry(n) for n in candidates]
+        heapq.heapify(heap)
+        return heap
+
+    @staticmethod
+    def _host_kv_entry(node) -> tuple:
+        return (node.stamp, node.id, node)
+
+    def _host_kv_evicted(self, node, key) -> None:
+        """A host leaf went (``key``: its entry's key)."""
+
+    def _host_state_victims(self):
+        """(key, node) of the host-only states, the next victim first: least recently
+        demoted first (the MAMBA component's host LRU list)."""
+        return [(None, n) for n in self._host_state_lru]
+
+    def _host_state_dropped(self, node) -> None:
+        """The host state walk dropped ``node``'s host state and kept its KV."""
+
+    def _host_state_evicted(self, node, key) -> None:
+        """The host state walk freed ``node``'s host state slot (``key``: its rank)."""
 
     def _evict_host_leaf(self, node) -> None:
         node.alive = False
