@@ -1,6 +1,8 @@
-"""Run a command module's ``add_arguments`` / ``run`` in-process and capture its stdout."""
+"""Run a command module's ``add_arguments`` / ``run`` in-process and capture its stdout;
+``ab_chat_small_pools``: the HiCache agreement tests' ``ab`` run on a chat trace."""
 import argparse
 import io
+import json
 from contextlib import redirect_stdout
 
 
@@ -12,3 +14,23 @@ def run_cli(module, *argv) -> str:
     with redirect_stdout(out):
         assert module.run(args) == 0
     return out.getvalue()
+
+
+def ab_chat_small_pools(tmp_path, cache: str, write_policy: str):
+    """A chat trace (outputs reused, branches) through ``ab``'s ``cache`` on 60,000 KV
+    tokens and 12 state slots with host pools twice the device's: (trace path, ab JSON)."""
+    from sglang_marconi.cli import ab as ab_cli
+    from sglang_marconi.reports import baseline_agreement
+    from sglang_marconi.sim.generators import generate
+    from sglang_marconi.sim.traces import write_sessions
+
+    path = tmp_path / "chat.jsonl"
+    write_sessions(generate("chat", seed=1, sessions=8, max_len=30000, user_median=2500,
+                            output_median=300), path)
+    argv = baseline_agreement.ab_argv(path, "paper-7b", 1, memory="static", cache=cache)[1:]
+    for flag in ("--cache-gb", "--memory"):
+        i = argv.index(flag)
+        del argv[i:i + 2]
+    return path, json.loads(run_cli(ab_cli, *argv, "--kv-tokens", "60000", "--mamba-slots",
+                                    "12", "--hicache-ratio", "2", "--hicache-write-policy",
+                                    write_policy))

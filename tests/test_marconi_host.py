@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from cli_helper import run_cli
+from cli_helper import ab_chat_small_pools, run_cli
 
 from sglang_marconi.cli import ab as ab_cli
 from sglang_marconi.cli import sim as sim_cli
@@ -21,8 +21,7 @@ from sglang_marconi.policy.in_sglang_host import MarconiHiCache
 from sglang_marconi.policy.likelihood import ReuseWeight
 from sglang_marconi.policy.stock_host import HostPools
 from sglang_marconi.reports import baseline_agreement, host_agreement
-from sglang_marconi.sim.generators import generate
-from sglang_marconi.sim.traces import read_trace, write_sessions
+from sglang_marconi.sim.traces import read_trace
 
 
 def test_bundled_trace_slice_agrees_with_ab_marconi_plus_hicache(mooncake_path):
@@ -54,16 +53,7 @@ def test_agrees_with_ab_when_states_run_short(paper_spec, tmp_path, write_policy
     the two-tier rule and evicted); under write_through_selective marconi+ keeps the
     tails its end-state rule would refuse."""
     pytest.importorskip("sglang")
-    path = tmp_path / "chat.jsonl"
-    write_sessions(generate("chat", seed=1, sessions=8, max_len=30000, user_median=2500,
-                            output_median=300), path)
-    argv = baseline_agreement.ab_argv(path, "paper-7b", 1, memory="static",
-                                      cache="marconi+")[1:]
-    for flag in ("--cache-gb", "--memory"):
-        i = argv.index(flag)
-        del argv[i:i + 2]
-    ab = json.loads(run_cli(ab_cli, *argv, "--kv-tokens", "60000", "--mamba-slots", "12",
-                            "--hicache-ratio", "2", "--hicache-write-policy", write_policy))
+    path, ab = ab_chat_small_pools(tmp_path, "marconi+", write_policy)
     trace = read_trace(path)
     host = HostPools.from_ratio(ab["config"]["host"]["hicache_ratio"], 60000, 12,
                                 write_policy)

@@ -16,7 +16,7 @@ import json
 
 import numpy as np
 import pytest
-from cli_helper import run_cli
+from cli_helper import ab_chat_small_pools, run_cli
 
 from sglang_marconi.cli import ab as ab_cli
 from sglang_marconi.cli import sim as sim_cli
@@ -25,8 +25,7 @@ from sglang_marconi.errors import UserError
 from sglang_marconi.policy.stock import StockSGLangCache
 from sglang_marconi.policy.stock_host import HostPools, StockHiCache
 from sglang_marconi.reports import baseline_agreement, host_agreement
-from sglang_marconi.sim.generators import generate
-from sglang_marconi.sim.traces import read_trace, write_sessions
+from sglang_marconi.sim.traces import read_trace
 
 SEGMENT = 1024  # tokens of each request's own prefix: 16 pages
 
@@ -190,15 +189,7 @@ def test_agrees_with_ab_when_states_run_short(paper_spec, tmp_path, write_policy
     tombstones inner states and demotes leaves; host pools twice the device's; the state
     host pool fills."""
     pytest.importorskip("sglang")
-    path = tmp_path / "chat.jsonl"
-    write_sessions(generate("chat", seed=1, sessions=8, max_len=30000, user_median=2500,
-                            output_median=300), path)
-    argv = baseline_agreement.ab_argv(path, "paper-7b", 1, memory="static")[1:]
-    for flag in ("--cache-gb", "--memory"):
-        i = argv.index(flag)
-        del argv[i:i + 2]
-    ab = json.loads(run_cli(ab_cli, *argv, "--kv-tokens", "60000", "--mamba-slots", "12",
-                            "--hicache-ratio", "2", "--hicache-write-policy", write_policy))
+    path, ab = ab_chat_small_pools(tmp_path, "stock", write_policy)
     trace = read_trace(path)
     host = HostPools.from_ratio(ab["config"]["host"]["hicache_ratio"], 60000, 12,
                                 write_policy)
