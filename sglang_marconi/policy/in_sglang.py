@@ -333,17 +333,13 @@ class MarconiSGLangCache(SnapshotAdmission, StockSGLangCache):
                 self.gdsf_clock = queue.clock
             if self._evictable_leaf(x):
                 pending = x.parent if pool != STATES else None
-                self._evict_victim_leaf(x)
+                self._evict_leaf(x)
             else:
                 self._drop_state(x)
         if pool == STATES:
             self.mamba_clock = max(self.mamba_clock, queue.clock)
         else:
             self.gdsf_clock = max(self.gdsf_clock, queue.clock)
-
-    def _evict_victim_leaf(self, node) -> None:
-        """A walk's leaf victim goes with its KV and state (a host tier may demote it)."""
-        self._delete(node)
 
     def _make_room_kv(self, tokens: int) -> None:
         if self.static:

@@ -128,12 +128,10 @@ class MarconiHiCache(MarconiSGLangCache, StockHiCache):
             node.hit_score, node.last_hit, node.max_children = kept
         self._state_tombstoned(node)
 
-    def _evict_victim_leaf(self, node) -> None:
-        """A walk's leaf victim: demoted when the host holds its KV (its state's hits go
-        only if no copy of the state is left), deleted otherwise."""
-        if not node.hkv and not node.children:
-            self._delete(node)
-            return
+    def _evict_leaf(self, node) -> None:
+        """A walk's leaf victim: demoted when the host holds its KV, deleted otherwise
+        (``StockHiCache``); it leaves both queues, and its state's hits go unless the host
+        keeps a copy of the state."""
         self._leaves_live.pop(node, None)
         self._states_live.pop(node, None)
         lost = node.state and not node.hstate
