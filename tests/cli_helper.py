@@ -5,6 +5,11 @@ import io
 import json
 from contextlib import redirect_stdout
 
+from sglang_marconi.cli import ab as ab_cli
+from sglang_marconi.reports import baseline_agreement
+from sglang_marconi.sim.generators import generate
+from sglang_marconi.sim.traces import write_sessions
+
 
 def run_cli(module, *argv) -> str:
     parser = argparse.ArgumentParser()
@@ -19,11 +24,6 @@ def run_cli(module, *argv) -> str:
 def ab_chat_small_pools(tmp_path, cache: str, write_policy: str):
     """A chat trace (outputs reused, branches) through ``ab``'s ``cache`` on 60,000 KV
     tokens and 12 state slots with host pools twice the device's: (trace path, ab JSON)."""
-    from sglang_marconi.cli import ab as ab_cli
-    from sglang_marconi.reports import baseline_agreement
-    from sglang_marconi.sim.generators import generate
-    from sglang_marconi.sim.traces import write_sessions
-
     path = tmp_path / "chat.jsonl"
     write_sessions(generate("chat", seed=1, sessions=8, max_len=30000, user_median=2500,
                             output_median=300), path)
