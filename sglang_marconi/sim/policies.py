@@ -247,20 +247,8 @@ def _marconi_plus(p, spec, cap, grid, host: HostTier | None = None):
         ghost_tokens = ghost_budget(ghost, spec, cap, grids.page if grids else None)
     threshold = _number(p, "end_threshold", float, defaults.END_THRESHOLD, 0.0) if ghost_tokens else None
     plus = dict(reuse_weight=weight, ghost_tokens=ghost_tokens, end_threshold=threshold)
-    if host is not None:
-        if pools is None:
-            raise UserError(f"--hicache-*: policy {p.label!r} needs static pools "
-                            "(kv_tokens=K:state_slots=S, or sim --cache-gb / --kv-tokens): "
-                            "SGLang's host tier is built over them, not over the unified "
-                            "buffer")
-        kv_tokens, state_slots = pools
-        return MarconiHiCache(spec, host=host.pools(spec, kv_tokens, state_slots, grids.page),
-                              kv_tokens=kv_tokens, state_slots=state_slots, grids=grids,
-                              max_states_per_request=_number(p, "max_states", int, NO_CAP, 0),
-                              tracking_slots=2 if _number(p, "overlap", int, 0, 0) else 1,
-                              **plus)
     if _materialise(p) is not None:
-        return _in_sglang(p, spec, cap, alpha=0.0, **plus)
+        return _in_sglang(p, spec, cap, alpha=0.0, host=host, **plus)
     return PrefixCache(spec, cap, grid=grid, **plus, **_common(p))
 
 
@@ -282,13 +270,15 @@ def _materialise(p: PolicySpec):
                        track_grid=sglang_track_grid(grid, _number(p, "track", int, 256, 1)))
 
 
-def _in_sglang(p: PolicySpec, spec, cap, alpha, knobs=None, **plus):
+def _in_sglang(p: PolicySpec, spec, cap, alpha, knobs=None, host: HostTier | None = None,
+               **plus):
     """Marconi as the SGLang plugin runs it: SGLang's snapshot grids and branch rule and the
     plugin's default of no per-request cap (``max_states`` sets one). A fixed alpha or
-    marconi+ runs inside the model of SGLang's unified buffer (``policy.in_sglang``: its
-    allocation-time joint walk, ``overlap=1``: the overlap loop's 2 tracking slots);
-    ``alpha=auto|online`` keep the simulator's eviction (room made when a request's
-    states are inserted, docs/usage.md)."""
+    marconi+ runs inside the model of SGLang's unified buffer or static pools
+    (``policy.in_sglang``: its walks, ``overlap=1``: the overlap loop's 2 tracking slots),
+    marconi+ with ``host`` on static pools behind SGLang's host tier
+    (``policy.in_sglang_host``); ``alpha=auto|online`` keep the simulator's eviction (room
+    made when a request's states are inserted, docs/usage.md)."""
     grids = _materialise(p)
     max_states = _number(p, "max_states", int, NO_CAP, 0)
     pools = _static_pools(p, grids.page)
@@ -300,10 +290,17 @@ def _in_sglang(p: PolicySpec, spec, cap, alpha, knobs=None, **plus):
                            max_states_per_request=max_states, materialise=grids,
                            **(knobs or {}), **plus)
     kv_tokens, state_slots = pools or (None, None)
-    return MarconiSGLangCache(spec, cap, grids=grids, alpha=alpha,
-                              max_states_per_request=max_states,
-                              tracking_slots=2 if _number(p, "overlap", int, 0, 0) else 1,
-                              kv_tokens=kv_tokens, state_slots=state_slots, **plus)
+    common = dict(grids=grids, max_states_per_request=max_states,
+                  tracking_slots=2 if _number(p, "overlap", int, 0, 0) else 1,
+                  kv_tokens=kv_tokens, state_slots=state_slots, **plus)
+    if host is None:
+        return MarconiSGLangCache(spec, cap, alpha=alpha, **common)
+    if pools is None:
+        raise UserError(f"--hicache-*: policy {p.label!r} needs static pools "
+                        "(kv_tokens=K:state_slots=S, or sim --cache-gb / --kv-tokens): "
+                        "SGLang's host tier is built over them, not over the unified buffer")
+    return MarconiHiCache(spec, host=host.pools(spec, kv_tokens, state_slots, grids.page),
+                          **common)
 
 
 def _static_pools(p: PolicySpec, page: int):
