@@ -59,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model = parser.add_mutually_exclusive_group(required=True)
     model.add_argument("--model", metavar="PRESET", help="model preset (cost model)")
     model.add_argument("--config", metavar="PATH", help="HF config.json (cost model)")
-    add_pool_arguments(parser, _positive)
+    add_pool_arguments(parser)
     parser.add_argument("--page-size", type=_positive, default=64)
     parser.add_argument("--chunked-prefill-size", type=_positive, default=8192)
     parser.add_argument("--mamba-track-interval", type=_positive, default=256)

@@ -29,7 +29,7 @@ def positive_int(text: str) -> int:
     return value
 
 
-def add_pool_arguments(parser, positive=positive_int) -> None:
+def add_pool_arguments(parser) -> None:
     group = parser.add_argument_group("pools (either --cache-gb or --kv-tokens/--mamba-slots)")
     group.add_argument("--cache-gb", type=_positive_float, default=None,
                        help="cache memory in GB (2**30 bytes, SGLang's rest_memory): pools "
@@ -40,9 +40,9 @@ def add_pool_arguments(parser, positive=positive_int) -> None:
     group.add_argument("--mamba-full-memory-ratio", type=_positive_float, default=None,
                        help="with --cache-gb: state bytes / KV bytes of the split (SGLang's "
                             "default 0.9); in unified mode it fixes max_mamba_cache_size (the running-request cap), while the allocator's slot ids fill the buffer")
-    group.add_argument("--kv-tokens", type=positive, default=None,
+    group.add_argument("--kv-tokens", type=positive_int, default=None,
                        help="explicit form: KV token slots (SGLang max_total_num_tokens)")
-    group.add_argument("--mamba-slots", type=positive, default=None,
+    group.add_argument("--mamba-slots", type=positive_int, default=None,
                        help="explicit form: SSM state slots (a running request holds 3)")
 
 
@@ -55,7 +55,7 @@ def resolve_pools(args, spec):
     return kv_tokens, mamba_slots, sizes, unified
 
 
-def pool_sizes(args, spec, page_size: int | None = None):
+def pool_sizes(args, spec):
     """(kv_tokens, mamba_slots, PoolSizes or None) from the flags (no torch, no SGLang):
     the explicit form, or the pools SGLang sizes from ``--cache-gb``."""
     explicit = args.kv_tokens is not None or args.mamba_slots is not None
@@ -70,7 +70,7 @@ def pool_sizes(args, spec, page_size: int | None = None):
         return args.kv_tokens, args.mamba_slots, None
     sizes = size_pools(spec, args.cache_gb, args.memory or "static",
                        mamba_full_memory_ratio=args.mamba_full_memory_ratio or 0.9,
-                       page_size=page_size or args.page_size)
+                       page_size=args.page_size)
     return sizes.kv_tokens, sizes.mamba_slots, sizes
 
 
