@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from hand_costs import SquareCost
 from sglang_marconi.sim.policies import parse_policies
 from sglang_marconi.sim.runner import simulate
 from sglang_marconi.sim.traces import read_trace
@@ -23,17 +24,6 @@ def ceiling():
     spec.loader.exec_module(module)
     return module
 
-
-class SquareCost:
-    """Prefill FLOPs n**2 and a hit of h tokens saves h**2: easy to sum by hand."""
-
-    @staticmethod
-    def prefill_flops(n):
-        return float(n * n)
-
-    @staticmethod
-    def flops_saved(h, p=0):
-        return float(h * h - p * p)
 
 
 def test_hand_built_trace(ceiling):

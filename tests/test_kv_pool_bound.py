@@ -1,0 +1,137 @@
+"""reports/kv_pool_bound.py and scripts/kv_pool_bound.py: the linear programme's upper bound
+on what any cache saves in a KV pool of K tokens.
+
+Checked: a hand-built trace whose optimum is summed by hand (the pool, the prefix rule and
+the input - 1 cap each decide a term); on the bundled trace the bound lies between every
+cache the simulator runs on the same static pools and the never-evicting KV-only ceiling
+of scripts/trace_reuse_ceiling.py (computed there another way), and grows with the pool;
+the script prints it, and refuses a unified buffer and a pool too small in one line.
+"""
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hand_costs import LinearCost, SquareCost
+from sglang_marconi.model import resolve_model
+from sglang_marconi.reports.kv_pool_bound import (held_by_reuse_class, kv_pool_bound,
+                                                  reuse_intervals)
+from sglang_marconi.sim.policies import in_sglang_pools, parse_policies
+from sglang_marconi.sim.runner import run_policy
+from sglang_marconi.sim.sweeps import MOONCAKE_TRACE
+from sglang_marconi.sim.traces import read_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "kv_pool_bound.py"
+
+
+
+def tokens(*blocks, block=4):
+    """An input made of 4-token blocks, each block given by its first token id."""
+    return np.concatenate([np.arange(b, b + block) for b in blocks]).astype(np.int64)
+
+
+def test_hand_built_optimum():
+    # A = [a, b], B = [c, d], C = A + [e], D = B + [f]; pool 16 tokens
+    a, b, c, d, e, f = 100, 200, 300, 400, 500, 600
+    inputs = [tokens(a, b), tokens(c, d), tokens(a, b, e), tokens(c, d, f)]
+    iv = reuse_intervals(inputs, LinearCost(), block=4)
+    assert list(iv.start) == [0, 0, 1, 1] and list(iv.end) == [2, 2, 3, 3]
+    assert list(iv.after) == [-1, 0, -1, 2]
+    total = 8 + 8 + 12 + 12
+    # holding A's 8 tokens across B (8 tokens) fits: 16; holding B's across C (12 tokens)
+    # leaves room for 4 of its tokens, and the prefix rule makes them its first block's
+    bound = kv_pool_bound(iv, 16)
+    assert bound.flops_saved == pytest.approx(8 + 4)
+    assert bound.fraction == pytest.approx(12 / total)
+    assert bound.held == pytest.approx([1, 1, 1, 0])
+    assert bound.never_evicting == pytest.approx(16 / total)
+    # a pool that holds everything: the never-evicting figure
+    assert kv_pool_bound(iv, 20).flops_saved == pytest.approx(16)
+    # a pool of the longest input: A's first block across B (8 tokens), nothing across C
+    assert kv_pool_bound(iv, 12).flops_saved == pytest.approx(4)
+    with pytest.raises(ValueError, match="cannot hold the longest input"):
+        kv_pool_bound(iv, 11)
+
+
+
+def test_prefix_rule_holds_the_shallow_block():
+    # as above; across C only 4 of B's tokens fit: d is worth 48 alone (112 in all without
+    # the prefix rule), c 16; the rule holds d no more than c, so the relaxation's optimum
+    # holds half of each (2 tokens each: 8 + 24), above any real cache's 16: an upper bound
+    a, b, c, d, e, f = 100, 200, 300, 400, 500, 600
+    inputs = [tokens(a, b), tokens(c, d), tokens(a, b, e), tokens(c, d, f)]
+    iv = reuse_intervals(inputs, SquareCost(), block=4)
+    assert list(iv.worth) == [16, 48, 16, 48]
+    bound = kv_pool_bound(iv, 16)
+    assert bound.flops_saved == pytest.approx(64 + 8 + 24)
+    assert bound.held == pytest.approx([1, 1, 0.5, 0.5])
+    assert bound.fractional == 2
+
+
+def test_input_cap_and_prefix_rule():
+    # the repeat of a whole 8-token input may match 7 tokens: its last block is worth 3
+    iv = reuse_intervals([tokens(1, 2), tokens(1, 2)], LinearCost(), block=4)
+    assert list(iv.worth) == [4, 3]
+    assert kv_pool_bound(iv, 16).flops_saved == pytest.approx(7)
+    # a block after one that is not reused is worth nothing: [x, b] vs [y, b] share no block
+    iv = reuse_intervals([tokens(1, 2), tokens(9, 2)], LinearCost(), block=4)
+    assert len(iv.start) == 0
+    # two uses before a third: the reuse classes count the uses before each reuse
+    iv = reuse_intervals([tokens(1), tokens(1, 2), tokens(1, 2, 3)], LinearCost(), block=4)
+    assert list(iv.uses_before) == [1, 2, 1]
+    rows = held_by_reuse_class(iv, kv_pool_bound(iv, 100))
+    assert [r[1] for r in rows[:2]] == [2, 1]
+
+
+@pytest.fixture(scope="module")
+def bundled():
+    trace = read_trace(MOONCAKE_TRACE)
+    trace.requests = trace.requests[:400]
+    return trace
+
+
+def test_bound_brackets_the_caches(bundled):
+    spec = resolve_model("paper-7b", None)
+    iv = reuse_intervals([r.input_tokens for r in bundled.requests], spec)
+    small, large = 200_000, 400_000
+    lo, hi = kv_pool_bound(iv, small), kv_pool_bound(iv, large)
+    assert 0 < lo.fraction <= hi.fraction <= hi.never_evicting
+    # the KV-only ceiling, computed the other way (scripts/trace_reuse_ceiling.py)
+    module_spec = importlib.util.spec_from_file_location(
+        "trace_reuse_ceiling", ROOT / "scripts" / "trace_reuse_ceiling.py")
+    ceiling = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(ceiling)
+    raw = [json.loads(x) for x in Path(MOONCAKE_TRACE).read_text().splitlines()[:400]]
+    prefill, kv_only, _ = ceiling.ceilings(raw, 512, 8192, specs={"m": spec})["flops"]["m"]
+    assert hi.never_evicting == pytest.approx(kv_only / prefill, rel=1e-9)
+    # no cache the simulator runs on the same pools passes it
+    for policy in parse_policies("sglang,marconi+:materialise=sglang"):
+        saved = run_policy(bundled, spec, None, in_sglang_pools(policy, small, 2000))
+        assert 0 < saved["flops_saved_fraction"] <= lo.fraction
+
+
+def run_script(*args):
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True,
+                          text=True, cwd=ROOT, timeout=600)
+
+
+def test_script_prints_the_bound_and_refuses_bad_pools():
+    out = run_script("--limit", "150", "--kv-tokens", "300000", "--mamba-slots", "500",
+                     "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert set(result["caches"]) == {"sglang", "marconi+:materialise=sglang"}
+    assert all(v <= result["bound"] for v in result["caches"].values())
+    assert result["bound"] <= result["never_evicting_kv_only"]
+    text = run_script("--limit", "150", "--kv-tokens", "300000", "--mamba-slots", "500")
+    assert "upper bound" in text.stdout and "of the bound" in text.stdout
+    unified = run_script("--limit", "10", "--cache-gb", "100", "--memory", "unified")
+    assert unified.returncode == 2 and "static layout" in unified.stderr
+    assert len(unified.stderr.strip().splitlines()) == 1
+    small = run_script("--limit", "10", "--kv-tokens", "1000", "--mamba-slots", "50")
+    assert small.returncode == 2 and "--kv-tokens 1000" in small.stderr
