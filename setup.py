@@ -14,11 +14,12 @@ setup(
     package_data={"sglang_marconi": ["data/*"]},
     # The pinned CPU stack lives in requirements/*.txt (installed by `make`); these are the
     # minimal imports of the framework-free parts (cost model, policy, simulator).
-    install_requires=["numpy", "scipy", "tqdm", "transformers==5.19.0"],
+    install_requires=["numpy", "tqdm", "transformers==5.19.0"],
     extras_require={
         "sglang": ["sglang==0.5.23"],
         "gpu": ["sglang==0.5.23", "flashinfer-python"],
         "plots": ["matplotlib"],
+        "analysis": ["scipy"],  # scripts/kv_pool_bound.py's linear programme
     },
     entry_points={
         "console_scripts": ["sglang-marconi=sglang_marconi.cli:main"],

@@ -11,7 +11,7 @@ before (the signal an online cache has: the reuse count).
 
 Usage: python scripts/kv_pool_bound.py [--trace PATH] [--limit N] [--model paper-7b]
        [--cache-gb 100 | --kv-tokens K --mamba-slots S] [--caches sglang,marconi+:...]
-       [--block 512] [--json]
+       [--json]
 """
 from __future__ import annotations
 
@@ -29,11 +29,11 @@ from sglang_marconi.errors import UserError  # noqa: E402
 from sglang_marconi.model import resolve_model  # noqa: E402
 from sglang_marconi.reports.formatting import pct, text_table  # noqa: E402
 from sglang_marconi.reports.kv_pool_bound import (held_by_reuse_class, kv_pool_bound,  # noqa: E402
-                                                  reuse_intervals)
+                                                  mooncake_blocks, reuse_intervals)
 from sglang_marconi.sim.policies import in_sglang_pools, parse_policies  # noqa: E402
 from sglang_marconi.sim.runner import run_policy  # noqa: E402
 from sglang_marconi.sim.sweeps import MOONCAKE_TRACE  # noqa: E402
-from sglang_marconi.sim.traces import read_trace  # noqa: E402
+from sglang_marconi.sim.traces import MOONCAKE_BLOCK, detect_format, read_trace  # noqa: E402
 
 DEFAULT_CACHES = "sglang,marconi+:materialise=sglang"
 
@@ -44,18 +44,21 @@ def run(args) -> dict:
     if sizes is not None and sizes.mode != "static":
         raise UserError("--memory unified: one byte buffer holds KV and states; this bound "
                         "is for the static layout's KV pool (--memory static)")
+    if detect_format(args.trace) != "mooncake":
+        raise UserError(f"{args.trace}: the bound needs a Mooncake trace (hash blocks; outputs "
+                        "never part of a later input), not a session trace")
     trace = read_trace(args.trace)
     trace.requests = trace.requests[:args.limit] if args.limit else trace.requests
     longest = max(r.input_len + max(1, r.output_len) for r in trace.requests)
     check_pools_fit(args, kv_tokens, mamba_slots, longest, args.page_size)
-    intervals = reuse_intervals([r.input_tokens for r in trace.requests], spec, args.block)
+    intervals = reuse_intervals(mooncake_blocks(trace), spec)
     bound = kv_pool_bound(intervals, kv_tokens)
     caches = {}
     for policy in parse_policies(args.caches):
         placed = in_sglang_pools(policy, kv_tokens, mamba_slots)
         caches[policy.label] = run_policy(trace, spec, None, placed)["flops_saved_fraction"]
     return {"trace": str(args.trace), "requests": len(trace.requests), "model": args.model,
-            "kv_tokens": kv_tokens, "mamba_slots": mamba_slots, "block": args.block,
+            "kv_tokens": kv_tokens, "mamba_slots": mamba_slots, "block": MOONCAKE_BLOCK,
             "bound": bound.fraction, "never_evicting_kv_only": bound.never_evicting,
             "fractional_intervals": bound.fractional, "intervals": len(intervals.start),
             "caches": caches,
@@ -87,13 +90,11 @@ def report(out: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", default=str(MOONCAKE_TRACE))
+    ap.add_argument("--trace", default=str(MOONCAKE_TRACE), help="a Mooncake trace")
     ap.add_argument("--limit", type=positive_int, default=None, help="the first N requests")
     ap.add_argument("--model", default="paper-7b")
     ap.add_argument("--caches", default=DEFAULT_CACHES,
                     help=f"sim policies replayed on the same pools (default {DEFAULT_CACHES})")
-    ap.add_argument("--block", type=positive_int, default=512,
-                    help="tokens per block (the Mooncake traces' hash blocks: 512)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     add_pool_arguments(ap)
     ap.set_defaults(page_size=64)

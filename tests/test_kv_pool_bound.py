@@ -13,13 +13,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from hand_costs import LinearCost, SquareCost
 from sglang_marconi.model import resolve_model
 from sglang_marconi.reports.kv_pool_bound import (held_by_reuse_class, kv_pool_bound,
-                                                  reuse_intervals)
+                                                  mooncake_blocks, reuse_intervals)
 from sglang_marconi.sim.policies import in_sglang_pools, parse_policies
 from sglang_marconi.sim.runner import run_policy
 from sglang_marconi.sim.sweeps import MOONCAKE_TRACE
@@ -30,25 +29,27 @@ SCRIPT = ROOT / "scripts" / "kv_pool_bound.py"
 
 
 
-def tokens(*blocks, block=4):
-    """An input made of 4-token blocks, each block given by its first token id."""
-    return np.concatenate([np.arange(b, b + block) for b in blocks]).astype(np.int64)
+def request(*ids, length=None, block=4):
+    """(hash ids, input length) of an input made of 4-token blocks (whole by default)."""
+    return list(ids), length if length is not None else block * len(ids)
 
 
 def test_hand_built_optimum():
     # A = [a, b], B = [c, d], C = A + [e], D = B + [f]; pool 16 tokens
     a, b, c, d, e, f = 100, 200, 300, 400, 500, 600
-    inputs = [tokens(a, b), tokens(c, d), tokens(a, b, e), tokens(c, d, f)]
+    inputs = [request(a, b), request(c, d), request(a, b, e), request(c, d, f)]
     iv = reuse_intervals(inputs, LinearCost(), block=4)
     assert list(iv.start) == [0, 0, 1, 1] and list(iv.end) == [2, 2, 3, 3]
     assert list(iv.after) == [-1, 0, -1, 2]
     total = 8 + 8 + 12 + 12
     # holding A's 8 tokens across B (8 tokens) fits: 16; holding B's across C (12 tokens)
-    # leaves room for 4 of its tokens, and the prefix rule makes them its first block's
+    # leaves room for 4 of its tokens, d held no more than c
     bound = kv_pool_bound(iv, 16)
     assert bound.flops_saved == pytest.approx(8 + 4)
     assert bound.fraction == pytest.approx(12 / total)
-    assert bound.held == pytest.approx([1, 1, 1, 0])
+    assert bound.held[:2] == pytest.approx([1, 1])
+    assert bound.held[2] + bound.held[3] == pytest.approx(1)
+    assert bound.held[3] <= bound.held[2] + 1e-9
     assert bound.never_evicting == pytest.approx(16 / total)
     # a pool that holds everything: the never-evicting figure
     assert kv_pool_bound(iv, 20).flops_saved == pytest.approx(16)
@@ -58,13 +59,12 @@ def test_hand_built_optimum():
         kv_pool_bound(iv, 11)
 
 
-
 def test_prefix_rule_holds_the_shallow_block():
     # as above; across C only 4 of B's tokens fit: d is worth 48 alone (112 in all without
     # the prefix rule), c 16; the rule holds d no more than c, so the relaxation's optimum
     # holds half of each (2 tokens each: 8 + 24), above any real cache's 16: an upper bound
     a, b, c, d, e, f = 100, 200, 300, 400, 500, 600
-    inputs = [tokens(a, b), tokens(c, d), tokens(a, b, e), tokens(c, d, f)]
+    inputs = [request(a, b), request(c, d), request(a, b, e), request(c, d, f)]
     iv = reuse_intervals(inputs, SquareCost(), block=4)
     assert list(iv.worth) == [16, 48, 16, 48]
     bound = kv_pool_bound(iv, 16)
@@ -73,16 +73,29 @@ def test_prefix_rule_holds_the_shallow_block():
     assert bound.fractional == 2
 
 
+def test_a_block_is_held_from_its_last_use():
+    # a is used by R0, R1 (12 tokens, the whole pool) and R3; held from R1, not from R0, it
+    # fits beside R2 (8 tokens): both reuses count
+    a, x, u, y, z, q = 1, 2, 3, 4, 5, 6
+    inputs = [request(a), request(a, x, u), request(y, z), request(a, q)]
+    iv = reuse_intervals(inputs, LinearCost(), block=4)
+    assert list(iv.start) == [0, 1] and list(iv.end) == [1, 3]
+    assert kv_pool_bound(iv, 12).flops_saved == pytest.approx(4 + 4)
+
+
 def test_input_cap_and_prefix_rule():
     # the repeat of a whole 8-token input may match 7 tokens: its last block is worth 3
-    iv = reuse_intervals([tokens(1, 2), tokens(1, 2)], LinearCost(), block=4)
+    iv = reuse_intervals([request(1, 2), request(1, 2)], LinearCost(), block=4)
     assert list(iv.worth) == [4, 3]
     assert kv_pool_bound(iv, 16).flops_saved == pytest.approx(7)
     # a block after one that is not reused is worth nothing: [x, b] vs [y, b] share no block
-    iv = reuse_intervals([tokens(1, 2), tokens(9, 2)], LinearCost(), block=4)
+    iv = reuse_intervals([request(1, 2), request(9, 2)], LinearCost(), block=4)
     assert len(iv.start) == 0
+    # a short last block counts as its next use's (the bound errs high): 4 tokens, not 2
+    iv = reuse_intervals([request(1, 2, length=6), request(1, 2, 3)], LinearCost(), block=4)
+    assert list(iv.tokens) == [4, 4] and list(iv.worth) == [4, 4]
     # two uses before a third: the reuse classes count the uses before each reuse
-    iv = reuse_intervals([tokens(1), tokens(1, 2), tokens(1, 2, 3)], LinearCost(), block=4)
+    iv = reuse_intervals([request(1), request(1, 2), request(1, 2, 3)], LinearCost(), block=4)
     assert list(iv.uses_before) == [1, 2, 1]
     rows = held_by_reuse_class(iv, kv_pool_bound(iv, 100))
     assert [r[1] for r in rows[:2]] == [2, 1]
@@ -91,22 +104,24 @@ def test_input_cap_and_prefix_rule():
 @pytest.fixture(scope="module")
 def bundled():
     trace = read_trace(MOONCAKE_TRACE)
-    trace.requests = trace.requests[:400]
+    trace.requests = trace.requests[:1000]
     return trace
 
 
 def test_bound_brackets_the_caches(bundled):
     spec = resolve_model("paper-7b", None)
-    iv = reuse_intervals([r.input_tokens for r in bundled.requests], spec)
-    small, large = 200_000, 400_000
+    iv = reuse_intervals(mooncake_blocks(bundled), spec)
+    # pools that bind (the first 400 requests reuse too little for any to): the longest of
+    # these inputs is 134,773 tokens
+    small, large = 150_000, 300_000
     lo, hi = kv_pool_bound(iv, small), kv_pool_bound(iv, large)
-    assert 0 < lo.fraction <= hi.fraction <= hi.never_evicting
+    assert 0 < lo.fraction < hi.fraction < hi.never_evicting
     # the KV-only ceiling, computed the other way (scripts/trace_reuse_ceiling.py)
     module_spec = importlib.util.spec_from_file_location(
         "trace_reuse_ceiling", ROOT / "scripts" / "trace_reuse_ceiling.py")
     ceiling = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(ceiling)
-    raw = [json.loads(x) for x in Path(MOONCAKE_TRACE).read_text().splitlines()[:400]]
+    raw = [json.loads(x) for x in Path(MOONCAKE_TRACE).read_text().splitlines()[:1000]]
     prefill, kv_only, _ = ceiling.ceilings(raw, 512, 8192, specs={"m": spec})["flops"]["m"]
     assert hi.never_evicting == pytest.approx(kv_only / prefill, rel=1e-9)
     # no cache the simulator runs on the same pools passes it
@@ -121,17 +136,25 @@ def run_script(*args):
 
 
 def test_script_prints_the_bound_and_refuses_bad_pools():
-    out = run_script("--limit", "150", "--kv-tokens", "300000", "--mamba-slots", "500",
+    out = run_script("--limit", "1000", "--kv-tokens", "150000", "--mamba-slots", "500",
                      "--json")
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert set(result["caches"]) == {"sglang", "marconi+:materialise=sglang"}
     assert all(v <= result["bound"] for v in result["caches"].values())
-    assert result["bound"] <= result["never_evicting_kv_only"]
-    text = run_script("--limit", "150", "--kv-tokens", "300000", "--mamba-slots", "500")
+    assert result["bound"] < result["never_evicting_kv_only"]  # the pool binds
+    text = run_script("--limit", "1000", "--kv-tokens", "150000", "--mamba-slots", "500")
     assert "upper bound" in text.stdout and "of the bound" in text.stdout
     unified = run_script("--limit", "10", "--cache-gb", "100", "--memory", "unified")
     assert unified.returncode == 2 and "static layout" in unified.stderr
     assert len(unified.stderr.strip().splitlines()) == 1
     small = run_script("--limit", "10", "--kv-tokens", "1000", "--mamba-slots", "50")
     assert small.returncode == 2 and "--kv-tokens 1000" in small.stderr
+
+
+def test_script_refuses_a_session_trace(tmp_path):
+    trace = tmp_path / "chat.jsonl"
+    trace.write_text(json.dumps({"input_tokens": [1, 2, 3], "output_tokens": [4]}) + "\n")
+    out = run_script("--trace", str(trace), "--kv-tokens", "1000", "--mamba-slots", "50")
+    assert out.returncode == 2 and "Mooncake trace" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1

@@ -8,9 +8,9 @@ a cache with 100,000 state slots saves exactly as much), so what a cache can sav
 decided by which KV it keeps. The bound is the optimum of a relaxation, solved as a
 linear programme (HiGHS, through ``scipy.optimize.linprog``):
 
-- Requests run one at a time in trace order. The inputs are cut into blocks of ``block``
-  tokens (the trace's hash blocks: 512 in the Mooncake traces); a block is identified by
-  its tokens and everything before it, so two requests share a block exactly when they
+- Requests run one at a time in trace order. The inputs are the trace's hash blocks (512
+  tokens in the Mooncake traces, whose outputs are never part of a later input); a block
+  is its hash id and every id before it, so two requests share a block exactly when they
   share the prefix up to its end.
 - Holding a block from one use to its next (a *reuse interval*) costs its tokens in the
   pool for every request in between, and is worth the FLOPs its tokens save on the next
@@ -30,18 +30,17 @@ Interval scheduling with one capacity is a network flow (one unit of flow per po
 along the requests; an interval is an edge skipping the requests it spans), so the linear
 programme has O(requests + intervals) non-zeros; only the prefix constraints are not of
 flow form, which is why the optimum may hold an interval in part (``fractional`` counts
-them: 102 of 4,007 on the bundled trace's first 1,000 requests at 862,592 tokens, where the
-integer optimum, solved as a MILP, is 14.889% against the LP's 14.890%; on the whole trace
-the MILP does not finish in minutes, so the LP's optimum is what is reported).
+them); that only raises the bound.
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 import numpy as np
 from scipy.optimize import linprog
 from scipy.sparse import coo_matrix
+
+from sglang_marconi.sim.traces import MOONCAKE_BLOCK
 
 REUSE_CLASSES = ((1, 1), (2, 2), (3, 4), (5, 8), (9, None))  # the block's uses before
 
@@ -61,39 +60,51 @@ class Intervals:
     prefill_flops: float   # all requests' prefill FLOPs
 
 
-def reuse_intervals(inputs, spec, block: int = 512) -> Intervals:
-    """The reuse intervals of ``inputs`` (one token array per request, in order)."""
-    ids: dict = {}           # digest of (prefix before, block tokens) -> block id
+def reuse_intervals(requests, spec, block: int = MOONCAKE_BLOCK) -> Intervals:
+    """The reuse intervals of ``requests``: per request, in order, its hash block ids and
+    its input length (a Mooncake trace's ``hash_ids`` and ``input_length``). A block is
+    its id and every id before it (two requests share it when they share the prefix up to
+    it). An interval charges the tokens of the block its next use can hit (to the input
+    less one) and is worth the FLOPs they save; a short last block counts as its next
+    use's (more than an earlier short copy held: the bound errs high, never low)."""
+    ids: dict = {}           # (id of the block before, hash id) -> block id
     last_use: dict = {}      # block id -> (request, uses so far)
     cols = {k: [] for k in ("start", "end", "tokens", "worth", "after", "uses_before")}
     lens, prefill = [], 0.0
-    for t, tokens in enumerate(inputs):
-        n = len(tokens)
+    for t, (hashes, n) in enumerate(requests):
         lens.append(n)
         prefill += spec.prefill_flops(n)
         limit = n - 1                      # SGLang matches at most input - 1 tokens
-        prev_key, prev_interval = b"", -1
-        for start in range(0, n, block):
-            stop = min(start + block, n)
-            key = hashlib.blake2b(tokens[start:stop].tobytes(), digest_size=16,
-                                  key=prev_key).digest()
-            bid = ids.setdefault(key, len(ids))
+        prev, prev_interval = -1, -1
+        for j, h in enumerate(hashes):
+            start = j * block
+            if start >= n:
+                break
+            bid = ids.setdefault((prev, int(h)), len(ids))
             seen = last_use.get(bid)
             interval = -2
             if seen is not None and start < limit:
+                stop = min(start + block, limit)
                 interval = len(cols["start"])
                 cols["start"].append(seen[0])
                 cols["end"].append(t)
                 cols["tokens"].append(stop - start)
-                cols["worth"].append(spec.flops_saved(min(stop, limit), start))
+                cols["worth"].append(spec.flops_saved(stop, start))
                 cols["after"].append(prev_interval)
                 cols["uses_before"].append(seen[1])
             last_use[bid] = (t, (seen[1] if seen else 0) + 1)
-            prev_key, prev_interval = key, interval
+            prev, prev_interval = bid, interval
     arrays = {k: np.asarray(v, dtype=float if k == "worth" else np.int64)
               for k, v in cols.items()}
     return Intervals(**arrays, input_len=np.asarray(lens, dtype=np.int64),
                      prefill_flops=prefill)
+
+
+def mooncake_blocks(trace) -> list:
+    """(hash ids, input length) of each request of a Mooncake trace read by
+    ``sim.traces.read_trace`` (block ``h`` is the tokens ``h * 512 ...``)."""
+    return [(r.input_tokens[::MOONCAKE_BLOCK] // MOONCAKE_BLOCK, r.input_len)
+            for r in trace.requests]
 
 
 @dataclass
@@ -115,8 +126,8 @@ def kv_pool_bound(iv: Intervals, kv_tokens: int) -> Bound:
 
     Variables (in pools of K tokens): per request t the room not held across it, ``f_t``
     (at least its input, at most the pool), between requests t and t+1 the free room
-    ``g_t``, per interval the share held ``y_i`` (0..1; its edge carries its tokens times
-    that). Flow is conserved at the start and
+    ``g_t``, per interval the tokens held ``y_i`` (up to its tokens); the prefix rows
+    compare shares held (``y_i / tokens_i``). Flow is conserved at the start and
     the end of every request: K tokens enter before the first request and leave after the
     last; an interval leaves the end of its first request and enters the start of its
     last, so it counts against every request it spans."""
@@ -141,31 +152,33 @@ def kv_pool_bound(iv: Intervals, kv_tokens: int) -> Bound:
 
     edge(2 * np.arange(T), 2 * np.arange(T) + 1, f)
     edge(2 * np.arange(T - 1) + 1, 2 * np.arange(1, T), g)
-    edge(2 * iv.start + 1, 2 * iv.end, y, iv.tokens / scale)  # y: the share held
+    edge(2 * iv.start + 1, 2 * iv.end, y)  # y: the tokens held, in pools
     supply = np.zeros(2 * T)
     supply[0] = -1.0                       # K tokens enter at the first request's start
     supply[2 * T - 1] = 1.0                # and leave at the last request's end
     a_eq = coo_matrix((v, (r, c)), shape=(2 * T, nf + ng + m)).tocsr()
-    # prefix rows: y_i - y_p <= 0
+    # prefix rows: the share held of each, y_i / tokens_i - y_p / tokens_p <= 0
     child = np.nonzero(iv.after >= 0)[0]
     parent = iv.after[child]
-    a_ub = coo_matrix((np.concatenate([np.ones(len(child)), -np.ones(len(child))]),
+    a_ub = coo_matrix((np.concatenate([1.0 / iv.tokens[child], -1.0 / iv.tokens[parent]]),
                        (np.concatenate([np.arange(len(child))] * 2),
                         np.concatenate([y[child], y[parent]]))),
                       shape=(len(child), nf + ng + m)).tocsr()
-    upper_y = np.where(iv.after == -2, 0.0, 1.0)  # the block before is not reusable
+    upper_y = np.where(iv.after == -2, 0.0, iv.tokens / scale)  # -2: the block before is
+    # not reusable
     bounds = np.concatenate([
         np.stack([iv.input_len / scale, np.ones(nf)], 1),
         np.stack([np.zeros(ng), np.ones(ng)], 1),
         np.stack([np.zeros(m), upper_y], 1)])
-    top = iv.worth.max() if m else 1.0
-    cost = np.concatenate([np.zeros(nf + ng), -iv.worth / top])
+    per_token = iv.worth / iv.tokens if m else np.zeros(0)
+    top = per_token.max() if m else 1.0
+    cost = np.concatenate([np.zeros(nf + ng), -per_token / top])
     res = linprog(cost, A_ub=a_ub if len(child) else None,
                   b_ub=np.zeros(len(child)) if len(child) else None,
                   A_eq=a_eq, b_eq=supply, bounds=bounds, method="highs")
     if res.status != 0:
         raise RuntimeError(f"the linear programme did not solve: {res.message}")
-    held = np.clip(res.x[nf + ng:], 0.0, 1.0) if m else np.zeros(0)
+    held = np.clip(res.x[nf + ng:] * scale / iv.tokens, 0.0, 1.0) if m else np.zeros(0)
     saved = float(held @ iv.worth)
     reusable = iv.after != -2
     return Bound(flops_saved=saved, fraction=saved / iv.prefill_flops, held=held,
