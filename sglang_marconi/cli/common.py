@@ -4,8 +4,11 @@ from __future__ import annotations
 import json
 import re
 import sys
+import warnings
 
 from sglang_marconi.errors import UserError
+from sglang_marconi.model import resolve_model
+from sglang_marconi.sglang_version import check_sglang_version
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
@@ -46,8 +49,6 @@ def add_model_arguments(parser, required: bool = True) -> None:
 
 
 def model_from_args(args, default_preset: str | None = None):
-    from sglang_marconi.model import resolve_model
-
     preset = args.preset or (None if args.config else default_preset)
     return resolve_model(preset=preset, config=args.config, dtype=args.dtype)
 
@@ -71,13 +72,9 @@ def print_json(obj) -> None:
 def run_with_sglang(fn, args) -> int:
     """``fn(args)`` after checking the SGLang pin, with the UserWarnings sglang's imports
     print about CUDA-only kernels on a CPU machine silenced (not news here)."""
-    import warnings
-
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=UserWarning, module=r"sglang\.")
         try:
-            from sglang_marconi.sglang_version import check_sglang_version
-
             check_sglang_version()
         except ImportError as exc:
             raise UserError(str(exc)) from None

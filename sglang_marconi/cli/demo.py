@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sglang_marconi.cli import ab as ab_cli
+from sglang_marconi.errors import UserError
+
 DEFAULT_TRACE = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "mooncake" \
     / "synthetic_trace.jsonl"
 DEFAULTS = {"model": "qwen3_next", "kv_tokens": 1_500_000, "mamba_slots": 200,
@@ -15,8 +18,6 @@ DEFAULTS = {"model": "qwen3_next", "kv_tokens": 1_500_000, "mamba_slots": 200,
 
 
 def add_arguments(parser) -> None:
-    from sglang_marconi.cli import ab as ab_cli
-
     ab_cli.add_arguments(parser)
     for action in parser._actions:  # the demo has defaults for everything
         if action.dest == "trace":
@@ -28,9 +29,6 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from sglang_marconi.errors import UserError
-    from sglang_marconi.cli import ab as ab_cli
-
     if args.config:
         args.model = None
     if args.cache_gb is not None:  # a budget replaces the demo's explicit pool sizes

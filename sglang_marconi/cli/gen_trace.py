@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from sglang_marconi.cli.common import parse_params, print_json
 from sglang_marconi.errors import UserError
+from sglang_marconi.sim.generators import WORKLOADS, generate, workload_params
+from sglang_marconi.sim.traces import write_sessions
 
 
 def add_arguments(parser) -> None:
@@ -18,9 +20,6 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from sglang_marconi.sim.generators import WORKLOADS, generate, workload_params
-    from sglang_marconi.sim.traces import write_sessions
-
     if args.list:
         info = {name: workload_params(name) for name in WORKLOADS}
         if args.json:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from sglang_marconi.cli.common import (add_model_arguments, human_bytes, human_flops,
                                             model_from_args, print_json)
+from sglang_marconi.errors import UserError
+from sglang_marconi.model import PRESETS
 
 
 def add_arguments(parser) -> None:
@@ -14,9 +16,6 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from sglang_marconi.errors import UserError
-    from sglang_marconi.model import PRESETS
-
     if args.list:
         names = list(PRESETS)
         print_json({"presets": names}) if args.json else print("\n".join(names))

@@ -14,6 +14,7 @@ from sglang_marconi.policy.stock_host import WRITE_POLICIES
 from sglang_marconi.reports.baseline_agreement import sim_capacity
 from sglang_marconi.sim.generators import generate
 from sglang_marconi.sim.latency import LatencyModel
+from sglang_marconi.sim.plots import plot_runs
 from sglang_marconi.sim.policies import HostTier, in_sglang_pools, parse_policies
 from sglang_marconi.sim.runner import simulate
 from sglang_marconi.sim.traces import read_trace
@@ -127,8 +128,6 @@ def run(args) -> int:
         for res in runs:
             res["pools"] = summary
     if args.plot:
-        from sglang_marconi.sim.plots import plot_runs  # heavy: matplotlib
-
         plot_runs(runs, args.plot)
     if args.json:
         print_json(runs[0] if len(runs) == 1 else {"runs": runs})
