@@ -33,8 +33,7 @@ import heapq
 from sglang_marconi.policy.host_tier import (HostClock, HostLink, HostRanking,
                                              demoted_efficiency, host_efficiency,
                                              host_link_preset, tail_counts_toward_backup)
-from sglang_marconi.policy.in_sglang import JOINT, KV, MarconiSGLangCache, _MarconiNode
-from sglang_marconi.policy.ranking import LinkedTree
+from sglang_marconi.policy.in_sglang import JOINT, KV, MarconiSGLangCache, _MarconiNode, _Tree
 from sglang_marconi.policy.stock_host import HostPools, StockHiCache
 
 
@@ -54,12 +53,8 @@ class _MarconiHostNode(_MarconiNode):
         self.host_stamp_state = None
 
 
-class _TierTree(LinkedTree):
+class _TierTree(_Tree):
     """The two-tier view: a state on the device or the host can end a hit."""
-
-    @staticmethod
-    def depth(node) -> int:
-        return node.depth
 
     @staticmethod
     def has_state(node) -> bool:
