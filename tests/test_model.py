@@ -49,16 +49,17 @@ def test_gdn_state_hand_computed():
         "linear_attention", "linear_attention", "linear_attention", "full_attention"])
     spec = spec_from_hf_config(cfg, dtype="bfloat16")
     assert (spec.num_ssm_layers, spec.num_attention_layers) == (3, 1)
-    # 32 value heads x 128 x 128 state; conv over q,k,v = 2*16*128 + 32*128 channels, window 3
-    per_layer = 32 * 128 * 128 * 2 + (2 * 16 * 128 + 32 * 128) * 3 * 2
+    # 32 value heads x 128 x 128 state in float32 (SGLang's default temporal dtype); conv
+    # over q,k,v = 2*16*128 + 32*128 channels, window 3, bfloat16
+    per_layer = 32 * 128 * 128 * 4 + (2 * 16 * 128 + 32 * 128) * 3 * 2
     assert spec.ssm_state_bytes == 3 * per_layer
     # GQA: 2 KV heads x 256 head dim, K and V, bf16
     assert spec.kv_bytes_per_token == 2 * 2 * 256 * 2
 
 
 def test_gqa_divides_kv_bytes_by_group_factor():
-    mha = transformers.BambaConfig(attn_layer_indices=[1], num_key_value_heads=32)
-    gqa = transformers.BambaConfig(attn_layer_indices=[1], num_key_value_heads=8)
+    mha = transformers.FalconH1Config(num_attention_heads=8, num_key_value_heads=8)
+    gqa = transformers.FalconH1Config(num_attention_heads=8, num_key_value_heads=2)
     a = spec_from_hf_config(mha).kv_bytes_per_token
     b = spec_from_hf_config(gqa).kv_bytes_per_token
     assert a == 4 * b > 0
@@ -93,14 +94,14 @@ def test_every_preset_builds(name):
 
 
 def test_config_path_and_errors(tmp_path):
-    cfg = transformers.JambaConfig(num_hidden_layers=8, attn_layer_period=4, attn_layer_offset=2)
+    cfg = transformers.Qwen3NextConfig(num_hidden_layers=8)
     cfg.save_pretrained(tmp_path)
     spec = spec_from_config_path(tmp_path)
     assert (spec.num_attention_layers, spec.num_ssm_layers) == (2, 6)
-    assert spec.ssm_layers[0].kind == "mamba1"
+    assert spec.ssm_layers[0].kind == "gdn"
 
     bad = tmp_path / "bad.json"
-    bad.write_text('{"model_type": "jamba",\n "hidden_size": }')
+    bad.write_text('{"model_type": "qwen3_next",\n "hidden_size": }')
     with pytest.raises(UserError, match=r"bad.json:2: invalid JSON"):
         spec_from_config_path(bad)
     bad.write_text('{"hidden_size": 8}')

@@ -6,7 +6,8 @@ import argparse
 import json
 import sys
 
-from sglang_marconi.cli.common import run_with_sglang
+from sglang_marconi.cli.common import (add_cache_dtype_arguments, describe_model,
+                                        run_with_sglang, server_model_kwargs)
 from sglang_marconi.cli.host_flags import add_host_arguments, host_summary, resolve_host
 from sglang_marconi.cli.pool_flags import (add_pool_arguments, check_pools_fit, describe_pools,
                                            pool_summary, positive_int, resolve_pools)
@@ -59,6 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model = parser.add_mutually_exclusive_group(required=True)
     model.add_argument("--model", metavar="PRESET", help="model preset (cost model)")
     model.add_argument("--config", metavar="PATH", help="HF config.json (cost model)")
+    add_cache_dtype_arguments(parser.add_argument_group("bytes per KV token and per state"))
     add_pool_arguments(parser)
     parser.add_argument("--page-size", type=_positive, default=64)
     parser.add_argument("--chunked-prefill-size", type=_positive, default=8192)
@@ -213,7 +215,7 @@ def _run(args) -> int:
 
     caches = _caches(args.caches)
     settings = _settings(args)
-    spec = resolve_model(args.model, args.config)
+    spec = resolve_model(args.model, args.config, **server_model_kwargs(args))
     if not spec.is_hybrid:
         raise UserError(f"model {spec.name} has no SSM layers: Marconi needs a hybrid model")
     requests = to_replay_requests(read_trace(args.trace), args.limit)
@@ -232,6 +234,9 @@ def _run(args) -> int:
     results = run_ab(requests, cfg, show_progress=not args.no_progress,
                      per_request=args.per_request)
     results["config"] = {"trace": str(args.trace), "model": spec.name,
+                         "kv_bytes_per_token": spec.kv_bytes_per_token,
+                         "state_bytes": spec.ssm_state_bytes, "tp_size": spec.tp_size,
+                         "cache_dtypes": vars(spec.cache_dtypes) if spec.cache_dtypes else None,
                          "requests": len(requests), "kv_tokens": kv_tokens,
                          "mamba_slots": mamba_slots, "page_size": args.page_size,
                          "pools": pool_summary(sizes, kv_tokens, mamba_slots),
@@ -250,7 +255,8 @@ def _run(args) -> int:
         json.dump(results, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print(f"A/B on {args.trace}: {len(requests)} requests, model {spec.name}, "
-              f"page {args.page_size}; {describe_pools(sizes, kv_tokens, mamba_slots)}")
+        print(f"A/B on {args.trace}: {len(requests)} requests, page {args.page_size}; "
+              f"{describe_pools(sizes, kv_tokens, mamba_slots)}")
+        print(describe_model(spec))
         print(format_table(results))
     return 0

@@ -8,6 +8,7 @@ import warnings
 
 from sglang_marconi.errors import UserError
 from sglang_marconi.model import resolve_model
+from sglang_marconi.model.dtypes import KV_CACHE_DTYPES, STATE_DTYPES
 from sglang_marconi.sglang_version import check_sglang_version
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
@@ -45,12 +46,41 @@ def add_model_arguments(parser, required: bool = True) -> None:
     g.add_argument("--model", "--preset", dest="preset", metavar="PRESET",
                    help="a named preset (see `model-info --list`), e.g. paper-7b")
     g.add_argument("--config", metavar="PATH", help="a Hugging Face config.json (or its folder)")
-    g.add_argument("--dtype", help="override the KV / conv-state dtype (default: the config's)")
+    g.add_argument("--dtype", help="the model's dtype, as SGLang's flag (default: the config's)")
+    add_cache_dtype_arguments(g)
+
+
+def add_cache_dtype_arguments(group) -> None:
+    """SGLang's flags that decide what a KV token and a state weigh in its pools."""
+    group.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default=None,
+                       help="SGLang's flag: KV cache dtype (default auto: the model's)")
+    group.add_argument("--mamba-ssm-dtype", choices=STATE_DTYPES, default=None,
+                       help="SGLang's flag: the temporal SSM state's dtype (default: "
+                            "SGLANG_MAMBA_SSM_DTYPE, else the config's mamba_ssm_dtype, else "
+                            "float32, as SGLang)")
+    group.add_argument("--tp-size", type=int, default=1,
+                       help="SGLang's flag: tensor-parallel ranks; bytes are one rank's "
+                            "(default 1)")
+
+
+def server_model_kwargs(args) -> dict:
+    """The cache-dtype flags as ``resolve_model`` keywords (paper-7b takes none)."""
+    return {"kv_cache_dtype": args.kv_cache_dtype, "mamba_ssm_dtype": args.mamba_ssm_dtype,
+            "tp_size": args.tp_size}
 
 
 def model_from_args(args, default_preset: str | None = None):
     preset = args.preset or (None if args.config else default_preset)
-    return resolve_model(preset=preset, config=args.config, dtype=args.dtype)
+    return resolve_model(preset=preset, config=args.config, dtype=args.dtype,
+                         **server_model_kwargs(args))
+
+
+def describe_model(spec) -> str:
+    """One line: the model and what SGLang's pools hold of it per rank."""
+    dtypes = f"; {spec.cache_dtypes.describe()}" if spec.cache_dtypes is not None else ""
+    tp = f", TP {spec.tp_size} (per rank)" if spec.tp_size > 1 else ""
+    return (f"model {spec.name}: {spec.kv_bytes_per_token:,} B per KV token, "
+            f"{spec.ssm_state_bytes:,} B per state{tp}{dtypes}")
 
 
 def parse_params(items) -> dict:

@@ -33,8 +33,13 @@ def run(args) -> int:
     print(f"model {info['name']} ({info['architecture']}, {info['dtype']}): "
           f"{info['num_attention_layers']} attention, {info['num_ssm_layers']} SSM, "
           f"{info['num_mlp_layers']} MLP/MoE layers")
-    print(f"  KV per token (all attention layers): {human_bytes(info['kv_bytes_per_token'])}")
-    print(f"  SSM state per checkpoint (all SSM layers): {human_bytes(info['ssm_state_bytes'])}")
+    rank = f" on each of {spec.tp_size} TP ranks" if spec.tp_size > 1 else ""
+    if spec.cache_dtypes is not None:
+        print(f"  SGLang's pools{rank}: {spec.cache_dtypes.describe()}")
+    print(f"  KV per token (all attention layers): {info['kv_bytes_per_token']:,} B "
+          f"({human_bytes(info['kv_bytes_per_token'])})")
+    print(f"  SSM state per checkpoint (all SSM layers): {info['ssm_state_bytes']:,} B "
+          f"({human_bytes(info['ssm_state_bytes'])})")
     print(f"  one checkpoint = KV of {info['ssm_state_bytes'] / max(1, info['kv_bytes_per_token']):,.0f}"
           " tokens" if info["kv_bytes_per_token"] else "  (no attention layers: no KV)")
     print(f"  prefill FLOPs at L={L}: {human_flops(info['prefill_flops'])}")

@@ -15,7 +15,8 @@ from sglang_marconi.cli.ab import _caches as parse_caches
 from sglang_marconi.cli.ab import _positive
 from sglang_marconi.cli.ab import _settings as settings_from_args
 from sglang_marconi.cli.ab import add_marconi_arguments
-from sglang_marconi.cli.common import run_with_sglang
+from sglang_marconi.cli.common import (add_cache_dtype_arguments, describe_model,
+                                        run_with_sglang, server_model_kwargs)
 from sglang_marconi.cli.host_flags import host_enabled, host_summary, resolve_host
 from sglang_marconi.cli.pool_flags import _positive_float
 from sglang_marconi.driver.sizing import size_pools
@@ -97,6 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model = parser.add_mutually_exclusive_group(required=True)
     model.add_argument("--model", metavar="PRESET", help="model preset (cost model)")
     model.add_argument("--config", metavar="PATH", help="HF config.json (cost model)")
+    add_cache_dtype_arguments(parser.add_argument_group("bytes per KV token and per state"))
     g = parser.add_argument_group("GPU time model (uncalibrated; presets: " + "; ".join(
         f"{p.name} {p.peak_flops / 1e12:g} TFLOP/s {p.hbm_bytes_s / 1e12:g} TB/s"
         for p in PRESETS.values()) + ")")
@@ -239,7 +241,7 @@ def build_setup(args):
         v = getattr(args, name)
         if v is not None and not 0 < v <= 1:
             raise UserError(f"--{name.replace('_', '-')}: expected a fraction in (0, 1], got {v}")
-    spec = resolve_model(args.model, args.config)
+    spec = resolve_model(args.model, args.config, **server_model_kwargs(args))
     if not spec.is_hybrid:
         raise UserError(f"model {spec.name} has no SSM layers: Marconi needs a hybrid model")
     trace = read_trace(args.trace).head(args.limit)
@@ -344,6 +346,7 @@ def _run(args) -> int:
     else:
         print(f"serve-sim {args.trace}: {len(requests)} requests, model {setup.spec.name}; "
               f"{sizes.describe()}; {setup.time_model.describe()}")
+        print(describe_model(setup.spec))
         print(format_table(result["runs"]))
         for line in format_ratios(ratios):
             print(line)
@@ -399,6 +402,7 @@ def _run_cluster(args, requests, setup, sizes, caches, loads, routers, options,
         print(f"serve-sim {args.trace}: {len(requests)} requests, {args.replicas} replicas "
               f"of {sizes.describe()}; model {setup.spec.name}; "
               f"{setup.time_model.describe()}")
+        print(describe_model(setup.spec))
         print(format_table(runs, CLUSTER_COLUMNS))
     report_crashes(runs)
     return 0

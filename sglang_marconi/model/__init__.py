@@ -12,10 +12,12 @@ __all__ = ["PRESETS", "HybridModelSpec", "dtype_bytes", "preset_spec", "resolve_
            "spec_from_config_path", "spec_from_hf_config"]
 
 
-def resolve_model(preset=None, config=None, dtype=None) -> HybridModelSpec:
-    """The spec a CLI's ``--model PRESET`` / ``--config PATH`` pair names."""
+def resolve_model(preset=None, config=None, dtype=None, **server) -> HybridModelSpec:
+    """The spec a CLI's ``--model PRESET`` / ``--config PATH`` pair names; ``server``: the
+    server flags ``spec_from_hf_config`` takes (``kv_cache_dtype``, ``mamba_ssm_dtype``,
+    ``tp_size``)."""
     if bool(preset) == bool(config):
         raise UserError("give exactly one of --model PRESET or --config PATH")
     if config:
-        return spec_from_config_path(config, dtype=dtype)
-    return preset_spec(preset, dtype=dtype)
+        return spec_from_config_path(config, dtype=dtype, **server)
+    return preset_spec(preset, dtype=dtype, **server)

@@ -14,12 +14,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sglang_marconi.errors import UserError
+
 
 @dataclass(frozen=True)
 class AttentionLayer:
     """Full (global) softmax attention with GQA. ``q_factor`` is 2 for gated attention
     (Qwen3-Next's q_proj also emits the output gate); ``in_dim`` is the width the Q/K/V
-    projections read (2*hidden for Zamba2's shared block)."""
+    projections read. KV bytes are one tensor-parallel rank's (``tp``): SGLang's
+    ``get_num_kv_heads`` splits the KV heads and replicates them once there are fewer
+    heads than ranks. FLOPs are the whole model's."""
 
     hidden: int
     num_heads: int
@@ -28,19 +32,55 @@ class AttentionLayer:
     kv_dtype_bytes: int
     in_dim: int = 0
     q_factor: int = 1
+    tp: int = 1
 
     kind = "attention"
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return 2 * self.num_kv_heads * self.head_dim * self.kv_dtype_bytes
+        return 2 * max(1, self.num_kv_heads // self.tp) * self.head_dim * self.kv_dtype_bytes
 
     def prefill_flops(self, L: float) -> float:
         d_in = self.in_dim or self.hidden
         q = self.num_heads * self.head_dim
         kv = self.num_kv_heads * self.head_dim
         proj = 2 * L * d_in * (q * self.q_factor + 2 * kv) + 2 * L * q * self.hidden
-        return proj + 4 * L * L * q
+        return proj + self.quadratic_coeff * L * L
+
+    @property
+    def quadratic_coeff(self) -> float:
+        """FLOPs per L^2: scores and the weighted sum, 2*L^2*(heads*head_dim) each."""
+        return 4.0 * self.num_heads * self.head_dim
+
+
+@dataclass(frozen=True)
+class MLAAttentionLayer(AttentionLayer):
+    """Multi-head latent attention (Kimi-Linear's full-attention layers). SGLang's
+    ``MLATokenToKVPool`` keeps the compressed latent and the rope key per token,
+    (kv_lora_rank + qk_rope_head_dim) elements, on every rank. ``head_dim`` is the
+    nope part of the query/key head; ``num_kv_heads`` equals ``num_heads``."""
+
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    rope_dim: int = 0
+    v_head_dim: int = 0
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return (self.kv_lora_rank + self.rope_dim) * self.kv_dtype_bytes
+
+    def prefill_flops(self, L: float) -> float:
+        h, d = self.num_heads, self.hidden
+        qk = self.head_dim + self.rope_dim
+        q = 2 * L * (d * self.q_lora_rank + self.q_lora_rank * h * qk) if self.q_lora_rank \
+            else 2 * L * d * h * qk
+        kv = 2 * L * d * (self.kv_lora_rank + self.rope_dim)
+        kv += 2 * L * self.kv_lora_rank * h * (self.head_dim + self.v_head_dim)
+        return q + kv + 2 * L * h * self.v_head_dim * d + self.quadratic_coeff * L * L
+
+    @property
+    def quadratic_coeff(self) -> float:
+        return 2.0 * self.num_heads * (self.head_dim + self.rope_dim + self.v_head_dim)
 
 
 @dataclass(frozen=True)
@@ -106,41 +146,97 @@ class MLPLayer:
         return L * self.flops_per_token()
 
 
+def _split(n: int, tp: int, what: str) -> int:
+    """``n`` split over ``tp`` ranks (SGLang's ``divide`` asserts it divides)."""
+    if n % tp:
+        raise UserError(f"--tp-size {tp} does not divide the {n} {what}")
+    return n // tp
+
+
+def _groups(n_groups: int, tp: int) -> int:
+    """SGLang's ``Mamba2StateShape.create``: groups that do not split evenly are
+    replicated up to the rank count (``extra_groups_for_head_shards``)."""
+    return n_groups if n_groups % tp == 0 else n_groups + tp - n_groups
+
+
 def mamba2_layer(hidden, d_inner, nheads, d_state, n_groups, d_conv, state_bytes, conv_bytes,
-                 conv_window=None) -> SSMLayer:
+                 tp=1) -> SSMLayer:
     """A Mamba2 mixer. in_proj emits z, x, B, C, dt; conv1d over x, B, C; SSD scan
-    (per state element: decay, input, output ~ 6 FLOPs); out_proj. The conv state keeps the
-    last ``conv_window`` inputs (d_conv - 1 in SGLang's MambaPool, the default)."""
+    (per state element: decay, input, output ~ 6 FLOPs); out_proj. State: one rank's
+    (SGLang's ``Mamba2StateShape.create``): (heads/tp, head_dim, d_state) temporal, conv over
+    (d_inner + 2*groups*d_state)/tp channels with a window of d_conv - 1."""
     conv_dim = d_inner + 2 * n_groups * d_state
-    window = d_conv - 1 if conv_window is None else conv_window
     proj = 2 * hidden * (2 * d_inner + 2 * n_groups * d_state + nheads) + 2 * d_inner * hidden
     proj += 2 * conv_dim * d_conv
-    return SSMLayer("mamba2", temporal_elems=d_inner * d_state, conv_elems=conv_dim * window,
+    head_dim = d_inner // nheads
+    rank_conv = _split(d_inner + 2 * _groups(n_groups, tp) * d_state, tp, "conv channels")
+    return SSMLayer("mamba2",
+                    temporal_elems=_split(nheads, tp, "SSM heads") * head_dim * d_state,
+                    conv_elems=rank_conv * (d_conv - 1),
                     state_dtype_bytes=state_bytes, conv_dtype_bytes=conv_bytes,
                     proj_flops_per_token=proj, scan_flops_per_token=6 * d_inner * d_state)
 
 
-def mamba1_layer(hidden, d_inner, d_state, d_conv, dt_rank, state_bytes, conv_bytes) -> SSMLayer:
-    """A Mamba1 mixer (Jamba): in_proj (x, z), conv1d, x_proj (dt, B, C), dt_proj, selective
-    scan (~9 FLOPs per state element), out_proj."""
+def mamba1_layer(hidden, d_inner, d_state, d_conv, dt_rank, state_bytes, conv_bytes,
+                 tp=1) -> SSMLayer:
+    """A Mamba1 mixer: in_proj (x, z), conv1d, x_proj (dt, B, C), dt_proj, selective
+    scan (~9 FLOPs per state element), out_proj. State: SGLang's full-rank layout
+    (``create_full_rank``): (d_inner/tp, d_state) temporal, d_inner/tp conv channels."""
     proj = (2 * hidden * 2 * d_inner + 2 * d_inner * (dt_rank + 2 * d_state)
             + 2 * dt_rank * d_inner + 2 * d_inner * hidden + 2 * d_inner * d_conv)
-    return SSMLayer("mamba1", temporal_elems=d_inner * d_state, conv_elems=d_inner * (d_conv - 1),
+    rank_inner = _split(d_inner, tp, "SSM channels")
+    return SSMLayer("mamba1", temporal_elems=rank_inner * d_state,
+                    conv_elems=rank_inner * (d_conv - 1),
                     state_dtype_bytes=state_bytes, conv_dtype_bytes=conv_bytes,
                     proj_flops_per_token=proj, scan_flops_per_token=9 * d_inner * d_state)
 
 
 def gdn_layer(hidden, num_k_heads, num_v_heads, head_k_dim, head_v_dim, d_conv, state_bytes,
-              conv_bytes) -> SSMLayer:
+              conv_bytes, tp=1) -> SSMLayer:
     """A gated delta net (Qwen3-Next / Qwen3.5 linear attention): in_proj_qkvz and in_proj_ba,
     conv1d over q, k, v, the delta-rule recurrence (per head a dk x dv state: decay, k^T S,
-    rank-1 update, q S ~ 8 FLOPs per state element), out_proj."""
+    rank-1 update, q S ~ 8 FLOPs per state element), out_proj. State: one rank's, laid out
+    as SGLang's Mamba2 shape with the key heads as groups."""
     key_dim = num_k_heads * head_k_dim
     value_dim = num_v_heads * head_v_dim
     conv_dim = 2 * key_dim + value_dim
     proj = (2 * hidden * (2 * key_dim + 2 * value_dim) + 2 * hidden * 2 * num_v_heads
             + 2 * value_dim * hidden + 2 * conv_dim * d_conv)
     state = num_v_heads * head_k_dim * head_v_dim
-    return SSMLayer("gdn", temporal_elems=state, conv_elems=conv_dim * (d_conv - 1),
+    rank_conv = _split(value_dim + 2 * _groups(num_k_heads, tp) * head_k_dim, tp,
+                       "conv channels")
+    return SSMLayer("gdn",
+                    temporal_elems=_split(num_v_heads, tp, "value heads") * head_k_dim * head_v_dim,
+                    conv_elems=rank_conv * (d_conv - 1),
                     state_dtype_bytes=state_bytes, conv_dtype_bytes=conv_bytes,
                     proj_flops_per_token=proj, scan_flops_per_token=8 * state)
+
+
+def kda_layer(hidden, num_heads, head_dim, d_conv, state_bytes, conv_bytes, tp=1) -> SSMLayer:
+    """Kimi Delta Attention (Kimi-Linear): q, k, v, the per-channel gate and beta
+    projections, a short conv over q, k, v, the delta rule with a per-channel decay
+    (~8 FLOPs per state element), a gated out_proj. State (SGLang's
+    ``KimiLinearStateShape``): (heads/tp, head_dim, head_dim) temporal, (d_conv - 1) x 3 x
+    heads*head_dim/tp conv."""
+    proj_dim = num_heads * head_dim
+    proj = (2 * hidden * 3 * proj_dim  # q, k, v
+            + 2 * hidden * head_dim + 2 * head_dim * proj_dim  # low-rank decay gate f
+            + 2 * hidden * num_heads  # beta
+            + 2 * hidden * head_dim + 2 * head_dim * proj_dim  # low-rank output gate g
+            + 2 * proj_dim * hidden + 2 * 3 * proj_dim * d_conv)
+    state = num_heads * head_dim * head_dim
+    return SSMLayer("kda", temporal_elems=_split(num_heads, tp, "KDA heads") * head_dim * head_dim,
+                    conv_elems=(d_conv - 1) * 3 * _split(proj_dim, tp, "KDA channels"),
+                    state_dtype_bytes=state_bytes, conv_dtype_bytes=conv_bytes,
+                    proj_flops_per_token=proj, scan_flops_per_token=8 * state)
+
+
+def short_conv_layer(hidden, d_conv, conv_bytes, tp=1) -> SSMLayer:
+    """LFM2's gated short convolution: in_proj to B, C, x (3 x hidden), a depthwise conv of
+    width ``d_conv`` over B*x, C gating, out_proj. State: only the conv window, (hidden/tp,
+    d_conv - 1) (SGLang's ``Lfm2Config.mamba2_cache_params``: state size 0)."""
+    proj = 2 * hidden * 3 * hidden + 2 * hidden * d_conv + 2 * hidden * hidden
+    return SSMLayer("short_conv", temporal_elems=0,
+                    conv_elems=_split(hidden, tp, "conv channels") * (d_conv - 1),
+                    state_dtype_bytes=0, conv_dtype_bytes=conv_bytes,
+                    proj_flops_per_token=proj, scan_flops_per_token=0)

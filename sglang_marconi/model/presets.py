@@ -2,8 +2,9 @@
 
 - ``paper-7b``: the Marconi paper's 7B hybrid exactly (4 attention, 24 Mamba, 28 MLP layers,
   D = 4096, N = 128, fp16, the paper's own FLOP formulas and state layout).
-- one preset per hybrid architecture whose default config the pinned transformers ships,
-  named after its ``model_type``; the layer pattern and sizes are that default config's.
+- one preset per hybrid architecture SGLang serves whose config class the pinned
+  transformers ships, named after its ``model_type``; the layer pattern and sizes are that
+  class's defaults, with ``PRESET_OVERRIDES`` where the defaults are not hybrid.
 """
 from __future__ import annotations
 
@@ -42,10 +43,17 @@ ARCH_PRESETS = {
     "qwen3_5": "Qwen3_5Config",
     "qwen3_5_moe": "Qwen3_5MoeConfig",
     "falcon_h1": "FalconH1Config",
-    "jamba": "JambaConfig",
-    "bamba": "BambaConfig",
     "granitemoehybrid": "GraniteMoeHybridConfig",
-    "zamba2": "Zamba2Config",
+    "kimi_linear": "KimiLinearConfig",
+    "lfm2": "Lfm2Config",
+}
+# transformers' Lfm2Config defaults to attention in every layer: LFM2-1.2B's sizes and
+# pattern (16 layers, attention at 2, 5, 8, 10, 12, 14, the rest short convolutions)
+_LFM2_ATTENTION = {2, 5, 8, 10, 12, 14}
+PRESET_OVERRIDES = {
+    "lfm2": {"hidden_size": 2048, "num_hidden_layers": 16, "intermediate_size": 12288,
+             "layer_types": ["full_attention" if i in _LFM2_ATTENTION else "conv"
+                             for i in range(16)]},
 }
 PRESETS = ["paper-7b", *ARCH_PRESETS]
 
@@ -56,16 +64,27 @@ def available_arch_presets() -> list[str]:
     return [name for name, cls in ARCH_PRESETS.items() if hasattr(transformers, cls)]
 
 
-def preset_spec(name: str, dtype: str | None = None) -> HybridModelSpec:
-    if name == "paper-7b":
-        return paper_7b(dtype)
+def preset_config(name: str):
+    """The transformers config object a preset is built from."""
+    import transformers
+
     key = name.replace("-", "_").lower()
     if key not in ARCH_PRESETS:
         raise UserError(f"unknown model preset {name!r}; known: {', '.join(PRESETS)}")
-    import transformers
-
     cls = getattr(transformers, ARCH_PRESETS[key], None)
     if cls is None:
         raise UserError(f"preset {name!r} needs transformers' {ARCH_PRESETS[key]}, which "
                         f"transformers {transformers.__version__} does not ship")
-    return spec_from_hf_config(cls(), name=key, dtype=dtype)
+    return cls(**PRESET_OVERRIDES.get(key, {}))
+
+
+def preset_spec(name: str, dtype: str | None = None, **server) -> HybridModelSpec:
+    """A preset as a server holds it; ``server``: ``spec_from_hf_config``'s flags
+    (``kv_cache_dtype``, ``mamba_ssm_dtype``, ``tp_size``; paper-7b takes none)."""
+    if name == "paper-7b":
+        if any(v not in (None, 1) for v in server.values()):
+            raise UserError("paper-7b is the paper's model: it takes no server dtype or "
+                            "tensor-parallel flags")
+        return paper_7b(dtype)
+    key = name.replace("-", "_").lower()
+    return spec_from_hf_config(preset_config(name), name=key, dtype=dtype, **server)

@@ -6,13 +6,14 @@ policy and simulator use comes from here:
 
 - ``kv_bytes_per_token``: KV of one token across all attention layers;
 - ``ssm_state_bytes``: one SSM checkpoint (temporal + conv state of every SSM layer);
+  both as one tensor-parallel rank's pools hold them (``tp_size``, ``cache_dtypes``);
 - ``prefill_flops(L)``: FLOPs to prefill L tokens from scratch;
 - ``flops_saved(T, P)``: FLOPs a hit of length T saves over a hit of length P, which is
   ``prefill_flops(T) - prefill_flops(P)`` (attention's quadratic term included).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from sglang_marconi.errors import UserError
@@ -42,6 +43,11 @@ class HybridModelSpec:
     dtype: str = "bfloat16"
     architecture: str = "custom"
     num_hidden_layers: int = 0  # decoder blocks as the config counts them
+    cache_dtypes: object = None  # dtypes.CacheDtypes the bytes are in (None: set by hand)
+    tp_size: int = 1  # the bytes are one tensor-parallel rank's
+    # the bytes a server's built pools hold, where they were read (``with_pool_bytes``)
+    pool_kv_bytes_per_token: int = 0
+    pool_state_bytes: int = 0
 
     # -- layer views ---------------------------------------------------------------------
     @cached_property
@@ -71,11 +77,26 @@ class HybridModelSpec:
     # -- bytes -----------------------------------------------------------------------------
     @cached_property
     def kv_bytes_per_token(self) -> int:
-        return sum(x.kv_bytes_per_token for x in self.attention_layers)
+        return self.pool_kv_bytes_per_token or self.config_kv_bytes_per_token
 
     @cached_property
     def ssm_state_bytes(self) -> int:
+        return self.pool_state_bytes or self.config_state_bytes
+
+    @cached_property
+    def config_kv_bytes_per_token(self) -> int:
+        """KV bytes per token as the layers and dtypes give them."""
+        return sum(x.kv_bytes_per_token for x in self.attention_layers)
+
+    @cached_property
+    def config_state_bytes(self) -> int:
+        """State bytes as the layers and dtypes give them."""
         return sum(x.state_bytes for x in self.ssm_layers)
+
+    def with_pool_bytes(self, kv_bytes_per_token: int, state_bytes: int) -> "HybridModelSpec":
+        """This spec with the bytes a server's pools were measured to hold (0 keeps)."""
+        return replace(self, pool_kv_bytes_per_token=int(kv_bytes_per_token),
+                       pool_state_bytes=int(state_bytes))
 
     def sequence_bytes(self, tokens: int, checkpoint_every: int | None = None) -> int:
         """KV of ``tokens`` tokens plus one SSM checkpoint every ``checkpoint_every`` tokens
@@ -88,7 +109,7 @@ class HybridModelSpec:
     def _coeffs(self) -> tuple[float, float]:
         """prefill_flops(L) = a*L + b*L^2: every layer is linear but attention's scores."""
         a = sum(x.prefill_flops(1.0) for x in self.layers)
-        b = sum(4.0 * x.num_heads * x.head_dim for x in self.attention_layers)
+        b = sum(x.quadratic_coeff for x in self.attention_layers)
         return a - b, b
 
     def prefill_flops(self, L: float) -> float:
@@ -116,6 +137,9 @@ class HybridModelSpec:
             "name": self.name,
             "architecture": self.architecture,
             "dtype": self.dtype,
+            "cache_dtypes": (vars(self.cache_dtypes) if self.cache_dtypes is not None
+                             else None),
+            "tp_size": self.tp_size,
             "num_hidden_layers": self.num_hidden_layers,
             "num_attention_layers": self.num_attention_layers,
             "num_ssm_layers": self.num_ssm_layers,

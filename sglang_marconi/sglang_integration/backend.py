@@ -6,18 +6,26 @@ import dataclasses
 import functools
 import logging
 
+from sglang_marconi.model.dtypes import KV_CACHE_DTYPES
 from sglang_marconi.sglang_integration.options import MarconiSettings, check_host_tier
 
 logger = logging.getLogger("sglang_marconi.cache")
 
 
-def model_spec(model_config):
-    """The cost model (``HybridModelSpec``) of the served model, from its HF config."""
+def model_spec(model_config, server_args=None):
+    """The cost model (``HybridModelSpec``) of the served model, from its HF config and the
+    server's ``--kv-cache-dtype`` / ``--tp-size`` (``--mamba-ssm-dtype`` reaches it as
+    ``SGLANG_MAMBA_SSM_DTYPE``, which SGLang sets from the flag)."""
     from sglang_marconi.model import spec_from_hf_config
 
     hf = getattr(model_config, "hf_text_config", None) or model_config.hf_config
+    flags = {}
+    if server_args is not None:
+        kv = getattr(server_args, "kv_cache_dtype", None) or "auto"
+        flags = {"kv_cache_dtype": kv if kv in KV_CACHE_DTYPES else "auto",
+                 "tp_size": int(getattr(server_args, "tp_size", 1) or 1)}
     try:
-        return spec_from_hf_config(hf)
+        return spec_from_hf_config(hf, **flags)
     except Exception as exc:
         arch = getattr(hf, "architectures", None) or [type(hf).__name__]
         raise ValueError(f"--cache-policy marconi: no cost model for {arch[0]}: {exc}") from None
@@ -33,7 +41,7 @@ def marconi_cache_factory(ctx, settings: MarconiSettings | None = None):
         create_unified_radix_cache,
         default_radix_cache_factory,
     )
-    from sglang.srt.runtime_context import get_memory
+    from sglang.srt.runtime_context import get_memory, get_server_args
 
     from sglang_marconi.sglang_integration.cache import MarconiUnifiedRadixCache
 
@@ -58,8 +66,9 @@ def marconi_cache_factory(ctx, settings: MarconiSettings | None = None):
         raise ValueError("--cache-policy marconi replaces the eviction order; drop "
                          f"--radix-eviction-policy {eviction}")
     settings = settings or MarconiSettings.from_env()
-    spec = model_spec(ctx.model_config)
-    cache_class = functools.partial(MarconiUnifiedRadixCache, settings=settings, spec=spec)
+    spec = model_spec(ctx.model_config, get_server_args())
+    cache_class = functools.partial(MarconiUnifiedRadixCache, settings=settings, spec=spec,
+                                    spec_from_pools=True)
     return create_unified_radix_cache(ctx, cache_class=cache_class)
 
 

@@ -22,15 +22,34 @@ from sglang_marconi.sglang_integration.components import (
 from sglang_marconi.sglang_integration import unified
 from sglang_marconi.sglang_integration.options import MarconiSettings
 from sglang_marconi.sglang_integration.policy_state import MarconiPolicyState
+from sglang_marconi.sglang_integration import pool_bytes
 from sglang_marconi.sglang_integration.stats import MarconiStats, make_exporter
 
 logger = logging.getLogger("sglang_marconi.cache")
 
 
+def _spec_in_pool_bytes(spec, params):
+    """``spec`` with the bytes the server's pools hold (logged; a disagreement with the
+    cost model is a warning, and the pools' bytes are what the policy uses)."""
+    state = pool_bytes.state_bytes_per_slot(params.req_to_token_pool.mamba_pool)
+    kv = pool_bytes.kv_bytes_per_token(params.token_to_kv_pool_allocator.get_kvcache())
+    logger.info("Marconi cache: SGLang's pools hold %s B per KV token, %s B per state "
+                "(cost model %s: %s B, %s B; %s)", f"{kv:,}" if kv else "?",
+                f"{state:,}" if state else "?", spec.name, f"{spec.kv_bytes_per_token:,}",
+                f"{spec.ssm_state_bytes:,}",
+                spec.cache_dtypes.describe() if spec.cache_dtypes else "dtypes set by hand")
+    if (kv and kv != spec.kv_bytes_per_token) or (state and state != spec.ssm_state_bytes):
+        logger.warning("Marconi cache: the pools' bytes differ from the cost model's; "
+                       "ranking in the pools' bytes")
+        return spec.with_pool_bytes(kv or 0, state or 0)
+    return spec
+
+
 class MarconiUnifiedRadixCache(UnifiedRadixCache):
     """``UnifiedRadixCache`` (FULL + MAMBA) whose eviction and admission follow Marconi."""
 
-    def __init__(self, params, *, settings: Optional[MarconiSettings] = None, spec=None):
+    def __init__(self, params, *, settings: Optional[MarconiSettings] = None, spec=None,
+                 spec_from_pools: bool = False):
         from sglang.srt.runtime_context import mamba_checkpoint_grid
 
         if params.tree_components is None or ComponentType.MAMBA not in params.tree_components:
@@ -39,6 +58,8 @@ class MarconiUnifiedRadixCache(UnifiedRadixCache):
         if spec is None:
             raise ValueError("MarconiUnifiedRadixCache needs the model's HybridModelSpec")
         self.unified = unified.is_unified(params)  # --enable-unified-memory: one ranking
+        if spec_from_pools:  # a server's pools (replays build tiny ones: slot counts only)
+            spec = _spec_in_pool_bytes(spec, params)
         self.joint_walk, self.joint_clocks = None, ([], [])
         params = dataclasses.replace(params, component_registry_override={
             **(params.component_registry_override or {}),
