@@ -3,7 +3,7 @@
 ``SGLangSide`` is ``MarconiUnifiedRadixCache`` on real SGLang pools (CPU), driven through
 the scheduler's own calls (``driver.replay``), with probes for the branch position each
 request is admitted with and the states evicted; ``SimSide`` is a ``PrefixCache`` built by
-``policy.mirror.sglang_image`` (``Regime.sim``: the only place the tests build the
+``sim_mirror.sglang_image`` (``Regime.sim``: the only place the tests build the
 simulator as SGLang's image). ``assert_same_decisions`` replays one request stream through
 both and fails at the first request where they differ (hit, branch, evicted states, the
 states each tree holds); ``both``/``both_plus`` build the pair for a regime (marconi /
@@ -52,7 +52,7 @@ under no_buffer a second state at the prompt's end). SGLang's real sequence is h
 ``test_parity_pressure``: the plugin in SGLang's unified buffer against
 ``policy.in_sglang.MarconiSGLangCache``, multi-chunk, decode snapshots, evicting.
 
-marconi+ (``MarconiSettings(plus=True)``; the simulator's ``reuse_weight=ReuseWeight()``,
+marconi+ (``MarconiSettings()``, no alpha; the simulator's ``reuse_weight=ReuseWeight()``,
 ``ghost_tokens`` and ``end_threshold``, each side's ghost index of the same size) is compared
 the same way, in the same configurations, and after every request also on the ghost index,
 the end-state reuse counts and skipped end states; where eviction runs, on the GDSF victim
@@ -81,7 +81,7 @@ from sglang_marconi.model import preset_spec  # noqa: E402
 from sglang_marconi.policy.cache import PrefixCache  # noqa: E402
 from sglang_marconi.policy.ghost import GhostIndex  # noqa: E402
 from sglang_marconi.policy.likelihood import ReuseWeight  # noqa: E402
-from sglang_marconi.policy.mirror import StatePoolCost, sglang_image  # noqa: E402
+from sim_mirror import StatePoolCost, sglang_image  # noqa: E402
 from sglang_marconi.sglang_integration.cache import MarconiUnifiedRadixCache  # noqa: E402
 from sglang_marconi.sglang_integration.options import MarconiSettings  # noqa: E402
 from sglang_marconi.sim.generators import generate  # noqa: E402
@@ -353,13 +353,13 @@ HAND_BUILT = {"shared-system-prompt": shared_system_prompt, "multi-turn-chat": m
 
 
 # -- marconi+ -------------------------------------------------------------------------------
-# SGLang: MarconiSettings(plus=True); the simulator: reuse_weight, ghost_tokens, end_threshold
+# SGLang: MarconiSettings() (no alpha); the simulator: reuse_weight, ghost_tokens, end_threshold
 # (sim.policies ``marconi+``), each side's ghost index of the same size: SGLang's,
 # ``ghost_factor`` x its token pool (2 x: it never forgets, the pool is larger than the trace).
 def both_plus(regime, requests, slots=None, ghost_factor=2.0, end_threshold=0.05,
               chain_weight=None):
     """``chain_weight``: a fixed weight of chain states on both sides (None: learned)."""
-    sgl = SGLangSide(regime, requests, mamba_slots=slots, plus=True,
+    sgl = SGLangSide(regime, requests, alpha=None, mamba_slots=slots,
                      ghost_factor=ghost_factor, end_threshold=end_threshold)
     if chain_weight is not None:
         sgl.cache.marconi.reuse = ReuseWeight(chain_weight=chain_weight)

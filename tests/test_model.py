@@ -164,7 +164,7 @@ def test_model_info_cli_reads_published_configs():
 def test_cost_models_implement_the_protocol():
     from sglang_marconi.model.cost import CostModel
     from sglang_marconi.policy.ghost import UnitCost
-    from sglang_marconi.policy.mirror import StatePoolCost
+    from sim_mirror import StatePoolCost
 
     spec = preset_spec("paper-7b")
     for model in (spec, UnitCost(), StatePoolCost(spec)):

@@ -1,7 +1,7 @@
 """The simulator's single byte budget and SGLang's unified memory pool rank the same way.
 
 SGLang side: ``MarconiUnifiedRadixCache`` on SGLang's unified buffer (CPU); simulator side:
-``policy.mirror.sglang_image`` with the full cost model (KV tokens and states share the
+``sim_mirror.sglang_image`` with the full cost model (KV tokens and states share the
 budget). Where they coincide (``parity_harness``: a buffer the trace does not fill) the
 decisions are the same request by request, and the inputs of the joint ranking agree for
 every candidate, KV leaves and states alike; the joint walk's order is the order they give.

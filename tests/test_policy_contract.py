@@ -219,7 +219,7 @@ SUBJECTS = [
     sglang_subject("sglang-stock", None),
     sglang_subject("sglang-marconi-a0", dict(alpha=0.0)),
     sglang_subject("sglang-marconi-a1", dict(alpha=1.0)),
-    sglang_subject("sglang-marconi+", dict(plus=True)),
+    sglang_subject("sglang-marconi+", dict()),
 ]
 every_subject = pytest.mark.parametrize("subject", SUBJECTS, ids=str)
 

@@ -23,7 +23,7 @@ def test_rematches_are_not_new_requests():
     from sglang.srt.sampling.sampling_params import SamplingParams
 
     cls = functools.partial(MarconiUnifiedRadixCache, spec=preset_spec("paper-7b"),
-                            settings=MarconiSettings(plus=True))
+                            settings=MarconiSettings())
     cache = build_cache(PC, cache_class=cls, tree_core="python")[0]
     policy = cache.marconi
     lookups = []

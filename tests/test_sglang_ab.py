@@ -77,16 +77,25 @@ def test_ab_table_and_bad_input(mooncake_path):
                  "--mamba-slots", "16", "--limit", "3", "--caches", "stock,vllm")
 
 
-def test_ab_marconi_plus_knobs(mooncake_path):
-    """The marconi+ column follows --marconi-end-threshold: 0 keeps every end state."""
-    def run(threshold):
-        text = _run_cli("--trace", str(mooncake_path), "--model", "qwen3_next",
-                        "--kv-tokens", "300000", "--mamba-slots", "16", "--limit", "60",
-                        "--caches", "marconi+", "--marconi-end-threshold", threshold,
-                        "--json", "--no-progress")
-        return json.loads(text)["caches"]["marconi+"]["marconi"]
+def test_ab_end_threshold_from_the_python_api(mooncake_path):
+    """The marconi column follows ``MarconiSettings.end_threshold`` (an internal default,
+    set from the Python API): 0 keeps every end state."""
+    from sglang_marconi.driver.pools import PoolConfig
+    from sglang_marconi.harness.ab import ABConfig, run_ab, to_replay_requests
+    from sglang_marconi.sglang_integration.options import MarconiSettings
+    from sglang_marconi.sim.traces import read_trace
 
-    learned, keep_all = run("0.05"), run("0")
+    requests = to_replay_requests(read_trace(str(mooncake_path)), 60)
+    longest = max(len(r.input_ids) + len(r.output_ids) for r in requests)
+
+    def run(threshold):
+        cfg = ABConfig(pools=PoolConfig(kv_tokens=300000, mamba_slots=16,
+                                        max_context_len=longest + 128),
+                       spec=preset_spec("qwen3_next"), caches=("marconi",),
+                       settings=MarconiSettings(end_threshold=threshold))
+        return run_ab(requests, cfg, show_progress=False)["caches"]["marconi"]["marconi"]
+
+    learned, keep_all = run(0.05), run(0.0)
     assert learned["end_states_skipped"] > 0
     assert keep_all["end_states_skipped"] == 0
     assert keep_all["states_admitted"]["final"] > learned["states_admitted"]["final"]

@@ -13,7 +13,8 @@ import pytest
 pytest.importorskip("sglang")
 
 from sglang_marconi.sglang_integration.options import (  # noqa: E402
-    ENV_ALPHA,
+    ENV_SETTINGS,
+    MarconiSettings,
     validate_server_args,
 )
 
@@ -57,13 +58,13 @@ def test_python_api_refuses_what_the_command_line_refuses(sglang_args, kwargs, f
 
 def test_python_api_checks_the_settings_the_backend_reads(sglang_args, monkeypatch):
     ServerArgs, _ = sglang_args
-    monkeypatch.setenv(ENV_ALPHA, "sometimes")
-    assert "SGLANG_MARCONI" in _api_error(ServerArgs)
+    monkeypatch.setenv(ENV_SETTINGS, '{"alpha": "sometimes"}')
+    assert "SGLANG_MARCONI_SETTINGS" in _api_error(ServerArgs)
 
 
 def test_python_api_accepts_a_valid_marconi_record(sglang_args, monkeypatch):
     ServerArgs, _ = sglang_args
-    monkeypatch.setenv(ENV_ALPHA, "1.5")
+    monkeypatch.setenv(ENV_SETTINGS, MarconiSettings(alpha=1.5).to_env()[ENV_SETTINGS])
     args = ServerArgs(model_path="dummy", device="cpu", radix_cache_backend="marconi")
     args.resolve_once()
     assert validate_server_args(args).alpha == 1.5

@@ -46,9 +46,9 @@ CACHES = {  # name -> cache class (None: stock UnifiedRadixCache)
     "stock": None,
     "marconi-a0": MarconiSettings(alpha=0.0, max_states_per_request=-1),
     "marconi": MarconiSettings(alpha=1.0, max_states_per_request=-1),
-    "marconi+": MarconiSettings(plus=True, alpha=0.0, max_states_per_request=-1),
+    "marconi+": MarconiSettings(max_states_per_request=-1),
     # SGLang's host LRU under marconi+ (--marconi-host-rule lru)
-    "marconi+-host-lru": MarconiSettings(plus=True, alpha=0.0, max_states_per_request=-1,
+    "marconi+-host-lru": MarconiSettings(max_states_per_request=-1,
                                          host_rule="lru"),
 }
 BASES = [[1000 * b + i for i in range(300)] for b in range(4)]
@@ -361,8 +361,8 @@ def test_selective_backup_counts_the_tail_marconi_plus_would_not_keep(policy, ki
     other policies the rule is off: marconi+ still refuses the end states."""
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
-    settings = {"marconi+": MarconiSettings(plus=True, alpha=0.0, end_threshold=1.0),
-                "marconi+-host-lru": MarconiSettings(plus=True, alpha=0.0, end_threshold=1.0,
+    settings = {"marconi+": MarconiSettings(end_threshold=1.0),
+                "marconi+-host-lru": MarconiSettings(end_threshold=1.0,
                                                      host_rule="lru")}.get(kind)
     cls = None if settings is None else functools.partial(
         MarconiUnifiedRadixCache, spec=SPEC, settings=settings)

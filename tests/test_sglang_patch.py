@@ -10,6 +10,8 @@ import pytest
 
 sglang = pytest.importorskip("sglang")
 
+from sglang_marconi.sglang_integration.options import ENV_SETTINGS, flag_fields  # noqa: E402
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PATCH = os.path.join(REPO, "patches", "sglang-0.5.23-cache-policy.patch")
 WHEEL_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(sglang.__file__)))
@@ -33,9 +35,12 @@ def test_patch_applies_to_the_unpacked_wheel(tmp_path):
     assert check.returncode == 0, check.stderr
     subprocess.run(["git", "apply", "-p2", PATCH], cwd=tmp_path, check=True)
     memory = (tmp_path / files[0]).read_text()
-    for field in ("cache_policy", "marconi_alpha", "marconi_bootstrap_multiplier",
-                  "marconi_max_states_per_request"):
-        assert f"    {field}: A[" in memory
+    patched = dict(re.findall(r"^    (marconi_\w+|cache_policy): A\[.*?^    \] = (\S+)$", memory,
+                              re.M | re.S))
+    plugin = {f"marconi_{f.name}": repr(f.default) for f in flag_fields()}
+    # the patch declares exactly the plugin's flags, with the plugin's defaults
+    assert patched.pop("cache_policy") == '"lru"'
+    assert {k: v.replace('"', "'") for k, v in patched.items()} == plugin
     assert "native_cache_factory" in (tmp_path / files[1]).read_text()
 
 
@@ -57,22 +62,22 @@ def test_factories_build_the_marconi_cache(monkeypatch):
         native_cache_factory,
     )
     from sglang_marconi.sglang_integration.cache import MarconiUnifiedRadixCache
-    from sglang_marconi.sglang_integration.options import ENV_ALPHA
     from sglang_marconi.driver.pools import PoolConfig, build_pools
 
     pc = PoolConfig(kv_tokens=2048, mamba_slots=8, page_size=16, max_context_len=1024)
-    monkeypatch.setenv(ENV_ALPHA, "0.4")
+    monkeypatch.setenv(ENV_SETTINGS, '{"alpha": 0.4}')
     cache = marconi_cache_factory(_ctx(build_pools(pc)[0]))  # the plugin's path
     assert isinstance(cache, MarconiUnifiedRadixCache)
     assert cache.marconi.alpha == 0.4 and cache.marconi.spec.name == "qwen3_next"
-    memory = types.SimpleNamespace(marconi_alpha="auto", marconi_bootstrap_multiplier=15.0,
-                                   marconi_max_states_per_request=-1)
+    assert cache.marconi.reuse is None  # the paper's ranking
+    memory = types.SimpleNamespace(cache_policy="marconi", marconi_alpha=None,
+                                   marconi_max_states_per_request=2,
+                                   marconi_host_rule="lru")
     cache = native_cache_factory(_ctx(build_pools(pc)[0]), memory)  # the patch's path
-    assert cache.marconi.settings.auto_alpha and cache.marconi.tuner.multiplier == 15.0
-    memory = types.SimpleNamespace(cache_policy="marconi+", marconi_alpha="auto",
-                                   marconi_bootstrap_multiplier=5.0,
-                                   marconi_max_states_per_request=-1,
-                                   marconi_renormalise_limit=-1)
-    cache = native_cache_factory(_ctx(build_pools(pc)[0]), memory)
     assert cache.marconi.settings.plus and cache.marconi.ghost is not None
-    assert cache.marconi.tuner is None and cache.marconi.settings.renormalise_limit == -1
+    assert cache.marconi.max_states == 2 and cache.marconi.settings.host_rule == "lru"
+    memory = types.SimpleNamespace(cache_policy="marconi+", marconi_alpha=1.5,
+                                   marconi_max_states_per_request=-1,
+                                   marconi_host_rule="ranked")
+    cache = native_cache_factory(_ctx(build_pools(pc)[0]), memory)
+    assert cache.marconi.alpha == 1.5 and cache.marconi.reuse is None

@@ -11,10 +11,9 @@ import pytest
 pytest.importorskip("sglang")
 
 from sglang_marconi.sglang_integration.options import (  # noqa: E402
-    ENV_ALPHA,
-    ENV_MAX_STATES,
+    ENV_SETTINGS,
     MarconiSettings,
-    parse_alpha,
+    flag_fields,
 )
 from sglang_marconi.sglang_version import (  # noqa: E402
     SUPPORTED_SGLANG_VERSION,
@@ -23,8 +22,6 @@ from sglang_marconi.sglang_version import (  # noqa: E402
 )
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
 
 
 def test_version_pin():
@@ -37,7 +34,7 @@ def test_version_pin():
 
 def _child_probe(queue):
     """Runs in a spawned interpreter: what SGLang's own plugin loader makes of us."""
-    os.environ.pop(ENV_ALPHA, None)
+    os.environ.pop(ENV_SETTINGS, None)
     from sglang.srt.mem_cache.registry import registered_radix_cache_backends
     from sglang.srt.plugins import load_plugins
     from sglang.srt.server_args import prepare_server_args
@@ -46,8 +43,10 @@ def _child_probe(queue):
     args = prepare_server_args(["--model-path", "dummy", "--cache-policy", "marconi",
                                 "--marconi-alpha", "0.25",
                                 "--marconi-max-states-per-request", "3"])
+    settings = MarconiSettings.from_env()
     queue.put((registered_radix_cache_backends(), args.radix_cache_backend,
-               os.environ.get(ENV_ALPHA), os.environ.get(ENV_MAX_STATES)))
+               settings.alpha, settings.max_states_per_request,
+               sorted(k for k in os.environ if k.startswith("SGLANG_MARCONI"))))
 
 
 def test_plugin_loads_in_a_spawned_process():
@@ -56,12 +55,13 @@ def test_plugin_loads_in_a_spawned_process():
     proc = ctx.Process(target=_child_probe, args=(queue,))
     proc.start()
     try:
-        backends, backend, alpha, max_states = queue.get(timeout=240)
+        backends, backend, alpha, max_states, handed_over = queue.get(timeout=240)
     finally:
         proc.join(timeout=60)
     assert "marconi" in backends
     assert backend == "marconi"
-    assert (alpha, max_states) == ("0.25", "3")
+    assert (alpha, max_states) == (0.25, 3)
+    assert handed_over == [ENV_SETTINGS]  # one value crosses into the scheduler
 
 
 @pytest.fixture(scope="module")
@@ -78,14 +78,43 @@ def parse():
 
 
 def test_cache_policy_flag_selects_the_backend(parse, monkeypatch):
-    monkeypatch.delenv(ENV_ALPHA, raising=False)
+    monkeypatch.delenv(ENV_SETTINGS, raising=False)
     assert parse().radix_cache_backend is None
     assert parse("--cache-policy", "lru").radix_cache_backend is None
-    args = parse("--cache-policy", "marconi", "--marconi-alpha", "auto",
-                 "--marconi-bootstrap-multiplier", "15")
+    args = parse("--cache-policy", "marconi")
     assert args.radix_cache_backend == "marconi"
     settings = MarconiSettings.from_env()
-    assert settings.alpha == "auto" and settings.bootstrap_multiplier == 15.0
+    assert settings == MarconiSettings() and settings.plus  # the reuse-weighted ranking
+    parse("--cache-policy", "marconi", "--marconi-alpha", "0.5",
+          "--marconi-host-rule", "lru")
+    settings = MarconiSettings.from_env()
+    assert settings.alpha == 0.5 and not settings.plus and settings.host_rule == "lru"
+
+
+def test_marconi_plus_is_a_deprecated_alias(parse, monkeypatch, capfd):
+    monkeypatch.delenv(ENV_SETTINGS, raising=False)
+    args = parse("--cache-policy", "marconi+")  # SGLang's logging handler writes stderr
+    assert args.radix_cache_backend == "marconi"
+    assert MarconiSettings.from_env() == MarconiSettings()
+    err = capfd.readouterr().err
+    assert "--cache-policy marconi+ is deprecated: it is now --cache-policy marconi" in err
+
+
+def test_settings_hand_over_round_trip_and_errors():
+    s = MarconiSettings(alpha=1.5, max_states_per_request=2, ghost_factor=3.0)
+    assert MarconiSettings.from_env(s.to_env()) == s
+    with pytest.raises(ValueError, match="SGLANG_MARCONI_SETTINGS: unknown field"):
+        MarconiSettings.from_env({ENV_SETTINGS: '{"bootstrap_multiplier": 5}'})
+    with pytest.raises(ValueError, match="MarconiSettings.end_threshold: expected a number"):
+        MarconiSettings(end_threshold=2.0)
+    with pytest.raises(ValueError, match="--marconi-alpha: expected a number >= 0"):
+        MarconiSettings(alpha=-1)
+
+
+def test_at_most_four_marconi_flags_on_the_launcher():
+    flags = [f.metadata["flag"] for f in flag_fields()]
+    assert len(flags) + 1 <= 4  # with --cache-policy
+    assert all(f.metadata["help"] for f in flag_fields())
 
 
 @pytest.mark.parametrize("flags,fragment", [
@@ -100,17 +129,19 @@ def test_cache_policy_flag_selects_the_backend(parse, monkeypatch):
     (("--cache-policy", "marconi", "--radix-cache-backend", "flexkv"), "flexkv"),
     (("--marconi-alpha", "0.5"), "only apply with --cache-policy marconi"),
     (("--cache-policy", "marconi", "--marconi-max-states-per-request", "0"), "positive"),
+    (("--cache-policy", "marconi", "--marconi-alpha", "auto"), "a number >= 0"),
+    (("--cache-policy", "marconi", "--marconi-online-window", "9"), "unrecognized"),
 ])
-def test_conflicting_flags_fail_at_start_up(parse, flags, fragment):
+def test_conflicting_flags_fail_at_start_up(parse, flags, fragment, capfd):
     with pytest.raises(SystemExit) as err:
         parse(*flags)
-    assert fragment in str(err.value)
+    # a check's message, or argparse's (a bad value or an unknown flag: on stderr)
+    assert fragment in str(err.value) + capfd.readouterr().err
 
 
 def test_bad_alpha_is_rejected(parse):
     with pytest.raises(SystemExit):
         parse("--cache-policy", "marconi", "--marconi-alpha", "-1")
-    assert parse_alpha("AUTO") == "auto" and parse_alpha("0.3") == 0.3
 
 
 def test_non_hybrid_model_fails_at_start_up():
@@ -127,7 +158,9 @@ def test_launch_server_module_knows_the_flags():
     out = subprocess.run([sys.executable, "-m", "sglang_marconi.launch_server", "--help"],
                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    for flag in ("--cache-policy", "--marconi-alpha", "--marconi-bootstrap-multiplier",
-                 "--marconi-max-states-per-request", "--marconi-online-alphas",
-                 "--marconi-online-window", "--marconi-online-sample"):
+    for flag in ("--cache-policy", "--marconi-alpha", "--marconi-max-states-per-request",
+                 "--marconi-host-rule"):
         assert flag in out.stdout
+    for gone in ("--marconi-bootstrap-multiplier", "--marconi-online-alphas",
+                 "--marconi-ghost-factor"):
+        assert gone not in out.stdout

@@ -122,46 +122,39 @@ def test_renormalise_limit_picks_the_rule():
     assert amortised[0] < per_walk[0] / 2, rebuilds
 
 
-def test_renormalise_limit_flag():
+def test_internal_settings_are_python_api_only():
+    """renormalise_limit, ghost_factor and end_threshold are internal defaults: fields of
+    MarconiSettings (handed over to the scheduler), no launcher flag."""
     import argparse
 
     parser = argparse.ArgumentParser()
     add_cli_args(parser)
-    args = parser.parse_args(["--cache-policy", "marconi", "--marconi-renormalise-limit", "-1"])
-    assert settings_from_namespace(args).renormalise_limit == -1
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--cache-policy", "marconi", "--marconi-renormalise-limit", "-1"])
     assert MarconiSettings().renormalise_limit == 1024
-    env = MarconiSettings(renormalise_limit=7).to_env()
-    assert MarconiSettings.from_env(env).renormalise_limit == 7
-    with pytest.raises(ValueError, match="renormalise-limit"):
+    s = MarconiSettings(renormalise_limit=7, ghost_factor=2.0, end_threshold=0.0)
+    assert MarconiSettings.from_env(s.to_env()) == s
+    with pytest.raises(ValueError, match="renormalise_limit: expected an integer >= -1"):
         MarconiSettings(renormalise_limit=-2)
+    with pytest.raises(ValueError, match="end_threshold: expected a number in"):
+        MarconiSettings(end_threshold=2.0)
 
 
-# -- marconi+ -------------------------------------------------------------------------------
-def test_marconi_plus_flags():
+# -- the reuse-weighted ranking (the default) -------------------------------------------------
+def test_marconi_flags():
     import argparse
 
     parser = argparse.ArgumentParser()
     add_cli_args(parser)
-    s = settings_from_namespace(parser.parse_args(["--cache-policy", "marconi+"]))
-    assert s.plus and s.alpha == 0.0
+    s = settings_from_namespace(parser.parse_args(["--cache-policy", "marconi"]))
+    assert s.plus and s.alpha is None and s.ranking_alpha == 0.0
     assert MarconiSettings.from_env(s.to_env()).plus
     s = settings_from_namespace(parser.parse_args(
         ["--cache-policy", "marconi+", "--marconi-max-states-per-request", "2"]))
     assert s.plus and s.max_states_per_request == 2
-    with pytest.raises(ValueError, match="marconi\\+ has no alpha"):
-        settings_from_namespace(parser.parse_args(
-            ["--cache-policy", "marconi+", "--marconi-alpha", "1"]))
-    assert not settings_from_namespace(parser.parse_args(["--cache-policy", "marconi"])).plus
     s = settings_from_namespace(parser.parse_args(
-        ["--cache-policy", "marconi+", "--marconi-ghost-factor", "2",
-         "--marconi-end-threshold", "0"]))
-    assert (s.ghost_factor, s.end_threshold) == (2.0, 0.0)
-    assert MarconiSettings.from_env(s.to_env()) == s
-    with pytest.raises(ValueError, match="only apply with --cache-policy marconi\\+"):
-        settings_from_namespace(parser.parse_args(
-            ["--cache-policy", "marconi", "--marconi-ghost-factor", "2"]))
-    with pytest.raises(ValueError, match="--marconi-end-threshold must be in"):
-        MarconiSettings(plus=True, end_threshold=2.0)
+        ["--cache-policy", "marconi", "--marconi-alpha", "1"]))
+    assert not s.plus and s.alpha == 1.0
 
 
 GHOST_POOLS = PoolConfig(kv_tokens=1024, mamba_slots=10, page_size=16, max_context_len=1024,
@@ -171,7 +164,7 @@ GHOST_POOLS = PoolConfig(kv_tokens=1024, mamba_slots=10, page_size=16, max_conte
 def ghost_scenario(plus: bool) -> list:
     """A = P + a; long fillers evict all of A; B = P + b; C = P + c. Only a cache that
     remembers A's tokens can tell that B branches from it at |P|."""
-    cache = make_cache(GHOST_POOLS, alpha=0.0, plus=plus)
+    cache = make_cache(GHOST_POOLS, **({} if plus else {"alpha": 0.0}))
     replayer = Replayer(cache, chunked_prefill_size=GHOST_POOLS.chunked_prefill_size)
     fresh = Fresh()
     prefix = list(range(1, 261))
@@ -198,7 +191,7 @@ def replay_trace(name: str, plus: bool, **params):
     trace = generate(name, seed=0, **params)
     pc = PoolConfig(kv_tokens=24000, mamba_slots=16, page_size=16, max_context_len=8192,
                     chunked_prefill_size=512, mamba_track_interval=64)
-    cache = make_cache(pc, alpha=0.0, plus=plus)
+    cache = make_cache(pc, **({} if plus else {"alpha": 0.0}))
     replayer = Replayer(cache, chunked_prefill_size=pc.chunked_prefill_size)
     for i, r in enumerate(trace.requests[:120]):
         replayer.run(ReplayRequest(f"r{i}", array("q", r.input_tokens.tolist()),
@@ -217,7 +210,7 @@ def test_marconi_plus_learns_whether_end_states_are_reused():
     chat = replay_trace("chat", True, sessions=12, session_rate=0.05)
     assert chat.end_states_skipped == 0, chat.as_dict()
     assert chat.admitted["final"] > 20
-    assert "marconi+" in chat.summary_line()
+    assert "reuse-weighted" in chat.summary_line()
 
 
 def test_marconi_plus_keeps_the_queues_consistent():
@@ -237,7 +230,7 @@ def test_marconi_plus_counts_one_hit_per_request():
 
     pc = PoolConfig(kv_tokens=4000, mamba_slots=16, page_size=16, max_context_len=1024,
                     chunked_prefill_size=256, mamba_track_interval=64)
-    cache = make_cache(pc, alpha=0.0, plus=True)
+    cache = make_cache(pc)
     replayer = Replayer(cache, chunked_prefill_size=256)
     prompt = list(range(1, 300))
     replayer.run(ReplayRequest("a", array("q", prompt), [5000, 5001]))

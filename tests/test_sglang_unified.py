@@ -90,7 +90,7 @@ def test_alpha_zero_makes_stocks_decisions(specs):
     MarconiSettings(alpha=1.0, max_states_per_request=2),
     MarconiSettings(alpha=2.0, max_states_per_request=-1),
     MarconiSettings(alpha=1.0, max_states_per_request=-1, renormalise_limit=0),
-    MarconiSettings(alpha=0.0, max_states_per_request=-1, plus=True),
+    MarconiSettings(max_states_per_request=-1),
 ], ids=["a1-cap2", "a2", "a1-amortised", "marconi+"])
 @pytest.mark.parametrize("uc", [UC, UC_IDS], ids=["bytes-bind", "ids-bind"])
 @FAST
@@ -130,7 +130,7 @@ def test_kv_shortage_can_free_a_state_one_ranking():
 
 @pytest.mark.parametrize("settings", [
     MarconiSettings(alpha=4.0, max_states_per_request=-1),
-    MarconiSettings(alpha=0.0, max_states_per_request=-1, plus=True),
+    MarconiSettings(max_states_per_request=-1),
 ], ids=["marconi", "marconi+"])
 def test_the_joint_build_equals_a_fresh_computation(settings):
     """A joint walk's build reads values kept between walks (each state's FLOPs saved over

@@ -25,9 +25,7 @@ PC = PoolConfig(kv_tokens=1024, mamba_slots=10, page_size=16, max_context_len=10
 POLICIES = {
     "lru": None,
     "marconi-a1": dict(alpha=1.0),
-    "marconi-auto": dict(alpha="auto", bootstrap_multiplier=1.0),
-    "marconi-online": dict(alpha="online", online_window=8),
-    "marconi+": dict(plus=True),
+    "marconi": dict(),
 }
 
 

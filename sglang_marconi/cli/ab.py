@@ -14,8 +14,8 @@ from sglang_marconi.cli.pool_flags import (add_pool_arguments, check_pools_fit, 
 from sglang_marconi.errors import UserError
 from sglang_marconi.model import resolve_model
 from sglang_marconi.policy import defaults
-from sglang_marconi.sglang_integration.options import (HOST_RULES, MarconiSettings, parse_alpha,
-                                                       parse_alphas)
+from sglang_marconi.sglang_integration.options import (MarconiSettings, add_settings_arguments,
+                                                       settings_given)
 from sglang_marconi.sim.traces import read_trace
 
 CACHE_NAMES = ("stock", "stock-python", "marconi", "marconi+", "marconi-paper")
@@ -87,40 +87,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_marconi_arguments(parser: argparse.ArgumentParser) -> None:
-    """The Marconi cache's settings (``ab`` and ``serve-sim``)."""
-    parser.add_argument("--marconi-alpha", default=defaults.SERVER_ALPHA_MODE,
-                        help="number >= 0, auto (bootstrap tuning) or online (shadow "
-                             f"caches follow the traffic; default {defaults.SERVER_ALPHA_MODE})")
-    parser.add_argument("--marconi-online-alphas", default=",".join(f"{a:g}" for a in defaults.ONLINE_ALPHAS),
-                        help="with --marconi-alpha online: the shadows' alphas")
-    parser.add_argument("--marconi-online-window", type=_positive,
-                        default=defaults.ONLINE_WINDOW,
-                        help="with --marconi-alpha online: the sliding window (requests)")
-    parser.add_argument("--marconi-online-sample", type=float,
-                        default=defaults.ONLINE_SAMPLE,
-                        help="with --marconi-alpha online: fraction of prefix families the "
-                             "shadows see")
-    parser.add_argument("--marconi-bootstrap-multiplier", type=float,
-                        default=defaults.BOOTSTRAP_MULTIPLIER)
-    parser.add_argument("--marconi-max-states-per-request", type=int,
-                        default=defaults.SERVER_MAX_STATES_PER_REQUEST,
-                        help="states a request may leave in the tree (2: the paper's "
-                             "admission; -1: no cap, the default)")
-    parser.add_argument("--marconi-renormalise-limit", type=int,
-                        default=defaults.RENORMALISE_LIMIT,
-                        help="per-walk renormalisation up to this many candidates "
-                             "(-1: always, 0: amortised)")
-    parser.add_argument("--marconi-ghost-factor", type=float,
-                        default=defaults.GHOST_FACTOR,
-                        help="marconi+ column: ghost index size in token-pool multiples")
-    parser.add_argument("--marconi-end-threshold", type=float,
-                        default=defaults.END_THRESHOLD,
-                        help="marconi+ column: end-state reuse rate below which final "
-                             "states are not kept")
-    parser.add_argument("--marconi-host-rule", choices=HOST_RULES, default=defaults.HOST_RULE,
-                        help="with a host tier (--hicache-*): ranked = host victims by the "
-                             "two-tier rule (FLOPs a host hit saves net of its PCIe load per "
-                             "host byte), lru = SGLang's host LRU")
+    """The Marconi cache's flags, as the server has them (``ab`` and ``serve-sim``)."""
+    add_settings_arguments(parser.add_argument_group(
+        "the Marconi cache (the server's flags; the marconi-paper column takes the paper's "
+        f"admission and, without --marconi-alpha, alpha {defaults.PAPER_ALPHA:g})"))
     add_host_arguments(parser)
 
 
@@ -135,16 +105,7 @@ def _caches(text: str) -> tuple:
 
 def _settings(args):
     try:
-        return MarconiSettings(alpha=parse_alpha(args.marconi_alpha),
-                               bootstrap_multiplier=args.marconi_bootstrap_multiplier,
-                               max_states_per_request=args.marconi_max_states_per_request,
-                               online_alphas=parse_alphas(args.marconi_online_alphas),
-                               online_window=args.marconi_online_window,
-                               online_sample=args.marconi_online_sample,
-                               renormalise_limit=args.marconi_renormalise_limit,
-                               ghost_factor=args.marconi_ghost_factor,
-                               end_threshold=args.marconi_end_threshold,
-                               host_rule=args.marconi_host_rule)
+        return MarconiSettings(**settings_given(args))
     except ValueError as exc:
         raise UserError(str(exc)) from None
 
@@ -183,18 +144,10 @@ def format_table(results: dict) -> str:
         if m:
             adm = ", ".join(f"{k}={v}" for k, v in m["states_admitted"].items())
             ev = ", ".join(f"{k}={v}" for k, v in m["states_evicted"].items())
-            tuned = (f" (tuned at request {m['tuned_at']} in {m['tuning_slices']} slices, "
-                     f"{m['tuning_seconds']:.1f} s in all, included in its bookkeeping)"
-                     if m["tuning_seconds"] else "" if m["alpha_tuned"] else " (not tuned yet)")
-            online = m.get("online")
-            if online:
-                tuned = (f" (online, now; {online['switches']} switches; shadows: "
-                         f"{online['time_ratio']:.2f}x the cache's bookkeeping time, "
-                         f"{online['memory_ratio']:.2f}x its token ids)")
             plus = m.get("alpha_mode") == "marconi+"
             skipped = f"; end states skipped {m['end_states_skipped']}" if plus else ""
-            policy = ("reuse-weighted FLOPs per byte with GDSF aging (no alpha)" if plus
-                      else f"alpha={m['alpha']:g}{tuned}")
+            policy = ("reuse-weighted FLOPs per byte with GDSF aging" if plus
+                      else f"the paper's ranking, alpha={m['alpha']:g}")
             host = m.get("host_evicted", {})
             ranked = (f"; host victims by the two-tier rule: KV leaves {host['full']}, "
                       f"states {host['mamba']}" if "host" in c and host else "")
@@ -245,10 +198,6 @@ def _run(args) -> int:
                          "mamba_radix_cache_strategy": args.mamba_radix_cache_strategy,
                          "loop": "normal" if args.disable_overlap_schedule else "overlap",
                          "marconi_alpha": settings.alpha,
-                         **({"marconi_online_alphas": list(settings.online_alphas),
-                             "marconi_online_window": settings.online_window,
-                             "marconi_online_sample": settings.online_sample}
-                            if settings.online_alpha else {}),
                          "marconi_max_states_per_request": settings.max_states_per_request,
                          **host_summary(args, spec, pools)}
     if args.json:

@@ -1,8 +1,7 @@
 """``demo``: what ``make demo`` runs: the A/B of stock SGLang's hybrid radix cache against
-``MarconiUnifiedRadixCache`` (``marconi``: Marconi eviction + SGLang admission;
-``marconi-paper``: Marconi eviction + the paper's admission, at most 2 states per request;
-and ``marconi+``) on the
-bundled default (the shared Mooncake trace, Qwen3-Next's cost model, a 1.5M-token KV pool
+``MarconiUnifiedRadixCache`` (``marconi``: what ``--cache-policy marconi`` runs;
+``marconi-paper``: the paper's alpha ranking and admission, at most 2 states per request)
+on the bundled default (the shared Mooncake trace, Qwen3-Next's cost model, a 1.5M-token KV pool
 and 200 SSM-state slots, or ``--cache-gb N --memory static|unified``), printed side by side."""
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from sglang_marconi.errors import UserError
 DEFAULT_TRACE = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "mooncake" \
     / "synthetic_trace.jsonl"
 DEFAULTS = {"model": "qwen3_next", "kv_tokens": 1_500_000, "mamba_slots": 200,
-            "caches": "stock,stock-python,marconi,marconi-paper,marconi+"}
+            "caches": "stock,stock-python,marconi,marconi-paper"}
 
 
 def add_arguments(parser) -> None:
@@ -40,9 +39,8 @@ def run(args) -> int:
                         "shared traces beside it; pass --trace PATH)")
     if not args.json:
         print("sglang-marconi demo: stock SGLang 0.5.23 hybrid radix cache (compiled and python "
-              "tree cores) vs MarconiUnifiedRadixCache\n(marconi: Marconi eviction + SGLang "
-              "admission; marconi-paper: Marconi eviction + the paper's admission, at most 2 "
-              "states per request;\nmarconi+: reuse likelihood, ghost index, learned end "
-              "states),\ndriven on CPU with the "
-              "scheduler's call sequence (python -m sglang_marconi ab --help for the knobs)\n")
+              "tree cores) vs MarconiUnifiedRadixCache\n(marconi: what --cache-policy marconi "
+              "runs; marconi-paper: the paper's alpha ranking and admission, at most 2 states "
+              "per request),\ndriven on CPU with the scheduler's call sequence "
+              "(python -m sglang_marconi ab --help for the knobs)\n")
     return ab_cli.run(args)

@@ -147,7 +147,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a.add_argument("--seed", type=int, default=0,
                    help="seed of the Poisson arrival process (--arrivals poisson, or a "
                         "trace without timestamps)")
-    parser.add_argument("--caches", default="stock,marconi,marconi+",
+    parser.add_argument("--caches", default="stock,marconi",
                         help=f"comma-separated subset of {', '.join(CACHE_NAMES)}")
     r = parser.add_argument_group(
         "replicas behind a router (serving/cluster.py; cache_aware, round_robin, random "

@@ -35,7 +35,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--live", action="store_true",
                         help="SGLang's own Qwen3-Next and Nemotron-H code in live CPU "
                              "servers: stock, marconi "
-                             "and marconi+ (no_buffer, extra_buffer) against a server with "
+                             "and marconi-paper (no_buffer, extra_buffer) against a server with "
                              "the radix cache off, plus the negative control (minutes)")
     parser.add_argument("--live-model", choices=sorted(LIVE_TITLES),
                         help="with --live: only this model (default: both)")

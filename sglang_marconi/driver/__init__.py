@@ -1,3 +1,3 @@
 """Drives SGLang's real cache objects on CPU: pools built with SGLang's own fixtures
 (``pools``) and the scheduler's call sequence for one request (``replay``). Used by the
-server's alpha tuner (``sglang_integration.shadow``) and by the CPU harness."""
+CPU harness (``ab``) and the tests."""

@@ -137,30 +137,21 @@ def cache_config(pc: PoolConfig):
     )
 
 
-def build_pools(pc: PoolConfig, keep_global_args: bool = False):
-    """(CacheInitParams, allocator, req_to_token_pool) from SGLang's fixtures, on CPU.
-
-    ``keep_global_args``: build on the process's current SGLang config instead of
-    publishing the fixture's (the alpha tuner's shadow caches inside a live server).
-    """
+def build_pools(pc: PoolConfig):
+    """(CacheInitParams, allocator, req_to_token_pool) from SGLang's fixtures, on CPU."""
     check_sglang_version()
     import torch
 
     # The replay never runs a forward pass; its small tensor ops are 100x slower with two
     # contending intra-op threads once sglang is imported (measured on 2 cores).
-    if not keep_global_args:
-        torch.set_num_threads(1)
+    torch.set_num_threads(1)
     from sglang.test.kits.unified_radix_cache import fixtures
 
-    keep = (mock.patch.object(fixtures, "set_global_server_args_for_scheduler",
-                              lambda *a, **k: None)
-            if keep_global_args else contextlib.nullcontext())
     with (
         mock.patch.object(fixtures, "get_device", lambda *a, **k: "cpu"),
         mock.patch.object(fixtures, "ServerArgs", _server_args_factory(pc)),
         mock.patch.object(fixtures, "TokenToKVPoolAllocator", _allocator_factory(pc.page_size)),
         _tracking_slots(fixtures, pc.overlap_schedule),
-        keep,
     ):
         fixture_cache, allocator, req_to_token_pool = fixtures.build_fixture(
             cache_config(pc), tree_core_backend="python",
@@ -171,7 +162,7 @@ def build_pools(pc: PoolConfig, keep_global_args: bool = False):
 
 
 def build_cache(pc: PoolConfig, cache_class=None, tree_core: str = "rust",
-                params_override: Optional[dict] = None, keep_global_args: bool = False):
+                params_override: Optional[dict] = None):
     """A fresh cache of ``cache_class`` (default: stock ``UnifiedRadixCache``) on new pools.
 
     Returns (cache, allocator, req_to_token_pool). ``cache_class`` may be any callable taking
@@ -179,7 +170,7 @@ def build_cache(pc: PoolConfig, cache_class=None, tree_core: str = "rust",
     """
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
-    params, allocator, req_to_token_pool = build_pools(pc, keep_global_args)
+    params, allocator, req_to_token_pool = build_pools(pc)
     params = dataclasses.replace(params, tree_core_backend=tree_core,
                                  **(params_override or {}))
     cache = (cache_class or UnifiedRadixCache)(params)

@@ -134,7 +134,7 @@ class Replayer:
         """``publish_last_chunk``: SGLang's ``checkpoint_kv_cache`` after the last prefill
         chunk of a request that goes on to decode (what the live server does, checked by
         tests/live). False drops that one call: the sequence the simulator's image of
-        SGLang (``policy.mirror``) still models, for the parity tests only.
+        SGLang (``tests/sim_mirror.py``) still models, for the parity tests only.
 
         ``overlap``: the order of SGLang's overlap loop (``event_loop_overlap``) for one
         request at a time. Of what differs between the loops, only this reaches a single
@@ -252,8 +252,7 @@ class Replayer:
         its tokens, the first one with the matched prefix; a block of ``decode_block``
         decode steps: ``DECODE_STEP_WEIGHT`` units a step, measured on CPU) and
         returns the ``RequestOutcome`` (the release, which inserts the whole sequence,
-        is the generator's last step). The alpha tuner's shadow replay runs a bounded
-        number of tokens per cache call."""
+        is the generator's last step)."""
         seconds = 0.0
         t0 = time.perf_counter()
         input_len = len(rr.input_ids)

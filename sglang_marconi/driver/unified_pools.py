@@ -114,14 +114,14 @@ def _mamba_params(ucfg: UnifiedConfig):
     )
 
 
-def build_unified_pools(pc: PoolConfig, ucfg: UnifiedConfig, keep_global_args: bool = False):
+def build_unified_pools(pc: PoolConfig, ucfg: UnifiedConfig):
     """(CacheInitParams, allocator, req_to_token_pool, bundle) on one unified CPU buffer."""
     import torch
     from sglang.srt.mem_cache.unified_memory_pool import init_unified_mamba_pools
 
     install_cpu_alloc_kernels()
     small = dataclasses.replace(pc, kv_tokens=4 * pc.page_size, mamba_slots=8)
-    params, _, _ = build_pools(small, keep_global_args)
+    params, _, _ = build_pools(small)
     cp = _mamba_params(ucfg)
     state_entry = CONV_BYTES + 4 * cp.shape.temporal[-1]
     slots = ucfg.mamba_slots
@@ -147,12 +147,12 @@ def build_unified_pools(pc: PoolConfig, ucfg: UnifiedConfig, keep_global_args: b
 
 
 def build_unified_cache(pc: PoolConfig, ucfg: UnifiedConfig, cache_class=None,
-                        tree_core: str = "rust", keep_global_args: bool = False):
+                        tree_core: str = "rust"):
     """A fresh cache of ``cache_class`` (default: stock ``UnifiedRadixCache``) on a new
     unified buffer. Returns (cache, allocator, req_to_token_pool)."""
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
-    params, allocator, req_to_token_pool, _ = build_unified_pools(pc, ucfg, keep_global_args)
+    params, allocator, req_to_token_pool, _ = build_unified_pools(pc, ucfg)
     params = dataclasses.replace(params, tree_core_backend=tree_core)
     cache = (cache_class or UnifiedRadixCache)(params)
     cache.cache_init_params = params

@@ -39,8 +39,8 @@ CACHES = {
     "stock": ("rust", False),         # UnifiedRadixCache, compiled tree core (SGLang's default)
     "stock-python": ("python", False),  # UnifiedRadixCache, python tree core
     "marconi": ("python", True),      # MarconiUnifiedRadixCache (components force python)
-    "marconi+": ("python", True),     # the same with settings.plus (docs/beyond.md)
-    "marconi-paper": ("python", True),  # marconi with the paper's admission (2 states/request)
+    "marconi+": ("python", True),     # deprecated alias: marconi without an alpha
+    "marconi-paper": ("python", True),  # the paper's ranking (an alpha) and admission (2 states)
 }
 
 
@@ -208,10 +208,11 @@ def make_cache(name: str, cfg: ABConfig):
 
         settings = cfg.settings or MarconiSettings()
         if name == "marconi+":
-            settings = dataclasses.replace(settings, plus=True, alpha=0.0)
+            settings = dataclasses.replace(settings, alpha=None)
         elif name == "marconi-paper":
             settings = dataclasses.replace(
-                settings, max_states_per_request=defaults.PAPER_MAX_STATES_PER_REQUEST)
+                settings, max_states_per_request=defaults.PAPER_MAX_STATES_PER_REQUEST,
+                alpha=defaults.PAPER_ALPHA if settings.alpha is None else settings.alpha)
         cache_class = functools.partial(MarconiUnifiedRadixCache, settings=settings,
                                         spec=cfg.spec)
     if cfg.unified is not None:

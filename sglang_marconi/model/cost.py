@@ -1,6 +1,6 @@
 """``CostModel``: what the policy needs to know of a model (a typed interface).
 
-``HybridModelSpec`` implements it from a config; ``policy.mirror.StatePoolCost`` is the
+``HybridModelSpec`` implements it from a config; ``StatePoolCost`` (tests/sim_mirror.py) is the
 same model as SGLang's state pool sees it (KV free). Anything that ranks or budgets takes a
 ``CostModel``, never a concrete class.
 """

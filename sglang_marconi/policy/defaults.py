@@ -1,6 +1,6 @@
 """Every default of the Marconi / marconi+ policy, in one place.
 
-The simulator (``policy.cache``, ``sim.policies``), the SGLang server flags
+The simulator (``policy.cache``, ``sim.policies``), the settings schema
 (``sglang_integration.options``) and the A/B command (``cli.ab``) read these names; a
 default changed here changes everywhere.
 """
@@ -13,12 +13,8 @@ SERVER_MAX_STATES_PER_REQUEST = -1  # the SGLang cache: every state SGLang takes
 # -- alpha --------------------------------------------------------------------------------------
 ALPHA_GRID = tuple(round(0.1 * i, 1) for i in range(21))  # the paper's tuning grid
 BOOTSTRAP_MULTIPLIER = 5.0         # tune after k x (requests until the first eviction)
-TUNE_SLICE_TOKENS = 65536          # auto on a server: tokens replayed per tuning slice (one per
-                                   # finished request; token units, a decode step weighs
-                                   # driver.replay.DECODE_STEP_WEIGHT; at least one step)
-# the SGLang cache's --marconi-alpha default: chosen by docs/alpha_sweep.md's rule (never
-# more than 2% below stock, best on average) on the cells measured in issue 13
-SERVER_ALPHA_MODE = "online"
+# the paper's ranking where no --marconi-alpha is given (ab's marconi-paper column)
+PAPER_ALPHA = 1.0
 ONLINE_ALPHAS = (0.0, 0.5, 1.0, 2.0)
 ONLINE_WINDOW = 200                # requests the online shadows are compared over
 ONLINE_PERIOD = 50                 # requests between two comparisons (simulator)

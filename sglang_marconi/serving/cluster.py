@@ -185,8 +185,9 @@ def build_cluster(cache_name: str, router_name: str, setup, replicas: int,
 
 def replica_admission(cache_name: str) -> str:
     """The admission rule the marconi router models for the replicas' cache (a router is
-    configured with the policy its workers run)."""
-    return "marconi+" if cache_name == "marconi+" else "sglang"
+    configured with the policy its workers run): learned end-state admission for marconi
+    (and its alias marconi+), SGLang's for stock and the paper's rule."""
+    return "marconi+" if cache_name in ("marconi", "marconi+") else "sglang"
 
 
 def replica_cache(cache_name: str, router_name: str) -> str:

@@ -2,7 +2,6 @@
 in each scheduler process to build the tree cache."""
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 
@@ -34,7 +33,7 @@ def model_spec(model_config, server_args=None):
 def marconi_cache_factory(ctx, settings: MarconiSettings | None = None):
     """Build ``MarconiUnifiedRadixCache`` the way SGLang builds its default hybrid cache.
 
-    ``settings`` default to the ``SGLANG_MARCONI_*`` variables the plugin's flag hook
+    ``settings`` default to ``SGLANG_MARCONI_SETTINGS``, which the plugin's flag hook
     exported in the launcher (scheduler processes inherit them).
     """
     from sglang.srt.mem_cache.registry import (
@@ -74,25 +73,14 @@ def marconi_cache_factory(ctx, settings: MarconiSettings | None = None):
 
 def native_cache_factory(ctx, memory):
     """Entry point for SGLang patched with ``patches/sglang-0.5.23-cache-policy.patch``:
-    the settings come from its native ``--marconi-*`` fields (``memory`` namespace)."""
-    from sglang_marconi.sglang_integration.options import parse_alpha, parse_alphas
+    the settings come from its native fields (``memory`` namespace), one per flag of
+    ``MarconiSettings`` (``options.flag_fields``), the rest internal defaults."""
+    from sglang_marconi.sglang_integration.options import DEPRECATED_POLICIES, flag_fields
 
-    default = MarconiSettings()
-    settings = MarconiSettings(
-        alpha=parse_alpha(memory.marconi_alpha),
-        bootstrap_multiplier=float(memory.marconi_bootstrap_multiplier),
-        max_states_per_request=int(memory.marconi_max_states_per_request),
-        # absent from a build patched before --marconi-alpha online existed
-        online_alphas=parse_alphas(getattr(memory, "marconi_online_alphas",
-                                           default.online_alphas)),
-        online_window=int(getattr(memory, "marconi_online_window", default.online_window)),
-        online_sample=float(getattr(memory, "marconi_online_sample",
-                                    default.online_sample)),
-        renormalise_limit=int(getattr(memory, "marconi_renormalise_limit",
-                                      default.renormalise_limit)),
-        plus=getattr(memory, "cache_policy", "marconi") == "marconi+",
-        ghost_factor=float(getattr(memory, "marconi_ghost_factor", default.ghost_factor)),
-        end_threshold=float(getattr(memory, "marconi_end_threshold", default.end_threshold)))
-    if settings.plus:
-        settings = dataclasses.replace(settings, alpha=0.0)
+    policy = getattr(memory, "cache_policy", "marconi")
+    if policy in DEPRECATED_POLICIES:
+        logger.warning("--cache-policy %s is deprecated: it is now --cache-policy %s",
+                       policy, DEPRECATED_POLICIES[policy])
+    given = {f.name: getattr(memory, f"marconi_{f.name}", None) for f in flag_fields()}
+    settings = MarconiSettings(**{k: v for k, v in given.items() if v is not None})
     return marconi_cache_factory(ctx, settings)

@@ -76,21 +76,17 @@ class MarconiUnifiedRadixCache(UnifiedRadixCache):
             settings or MarconiSettings(), spec, grid=grid,
             kv_tokens=params.token_to_kv_pool_allocator.size,
             state_slots=params.req_to_token_pool.mamba_pool.size,
-            page_size=params.page_size, extra_buffer=params.enable_mamba_extra_buffer,
-            cache_class=type(self))
+            extra_buffer=params.enable_mamba_extra_buffer)
         self._busy = 0  # re-entrancy of the timed calls (a match may evict)
         super().__init__(params)
-        self.marconi.tree_tokens = lambda: self.full_evictable_size() + self.full_protected_size()
         self.marconi.rekey = self._rekey
         self.marconi.rekey_chains = self._rekey_chains
         self.marconi.host_write_policy = self._host_write_policy
         self.marconi.exporter = make_exporter(self)
         if self.marconi.exporter is not None:
             self.marconi.exporter.set_alpha(self.marconi.alpha)
-        logger.info("Marconi cache: spec=%s policy=%s alpha=%s max_states_per_request=%s "
-                    "memory=%s", spec.name,
-                    "marconi+" if self.marconi.settings.plus else "marconi",
-                    self.marconi.settings.alpha,
+        logger.info("Marconi cache: spec=%s policy=%s max_states_per_request=%s "
+                    "memory=%s", spec.name, self.marconi.settings.policy_name,
                     self.marconi.settings.max_states_per_request,
                     "unified (KV and states ranked together)" if self.unified else "static")
 
@@ -126,7 +122,7 @@ class MarconiUnifiedRadixCache(UnifiedRadixCache):
     def marconi_stats(self) -> MarconiStats:
         return self.marconi.stats
 
-    # -- bookkeeping time (the base the online shadows' time is measured against) ---------
+    # -- bookkeeping time ------------------------------------------------------------------
     def _timed(self, fn, *args, **kwargs):
         if self._busy:
             return fn(*args, **kwargs)
@@ -179,7 +175,4 @@ class MarconiUnifiedRadixCache(UnifiedRadixCache):
                            super().evict_for_alloc, allocation_reclaim_satisfied)
 
     def _evict(self, params, *args, **kwargs):
-        result = self._timed(super()._evict, params, *args, **kwargs)
-        if result.num_tokens_evicted or result.mamba_num_evicted:
-            self.marconi.on_eviction()
-        return result
+        return self._timed(super()._evict, params, *args, **kwargs)

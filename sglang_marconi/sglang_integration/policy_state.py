@@ -1,30 +1,9 @@
 """``MarconiPolicyState``: what the Marconi components consult while SGLang runs the tree.
 
-One per cache: the cost model, alpha (fixed; tuned once by ``policy.alpha.AlphaTuner``
-on shadow replays, see ``shadow``; or followed online by ``policy.online.OnlineAlpha``),
-the per-request admission plans (``admission_plans.AdmissionPlans``, kept on the request
-objects) and the counters.
-
-alpha = auto. After the bootstrap window, one tuning slice per finished request (a fixed
-token budget of shadow replay, ``policy.defaults.TUNE_SLICE_TOKENS``); the tuned alpha
-applies from the request whose slice completes the replay, the same index on every TP
-rank. A failing replay is logged as an error and counted (``tuner_failures``); the alpha
-stays, no other tuner runs.
-
-alpha = online. ``OnlineAlpha`` keeps one shadow cache per candidate alpha: a simulator
-``PrefixCache`` (tree metadata only, no tensors) configured as the simulator's image of
-this cache's state pool, the configuration in which ``tests/test_parity.py`` shows the
-simulator making SGLang's eviction decisions: a budget of the state slots a running
-request leaves to the tree, KV free (``policy.mirror``), SGLang's eviction timing,
-normalisation, recency stamps and branch rule (none without the extra buffer), this
-cache's checkpoint grid and state cap (2, the paper's, when uncapped). Every finished
-request (its prompt and the tokens whose KV exists at finish: prompt + output minus the
-last token) goes to every shadow; every quarter window the alpha whose shadow saved the
-most prefill FLOPs over the last ``--marconi-online-window`` requests becomes this cache's
-alpha if it beats the current one's shadow by 2% (hysteresis). The shadows model neither
-the token pool nor chunk and decode snapshots, so they rank alphas, they do not reproduce
-this cache's hits. Their CPU time and the token ids they hold are counted against this
-cache's own bookkeeping (``MarconiStats.online_*``).
+One per cache: the cost model, the ranking (reuse-weighted FLOPs per byte with GDSF aging,
+a ghost index and learned end-state admission; or, with an alpha, the paper's
+alpha-weighted recency plus FLOP efficiency), the per-request admission plans
+(``admission_plans.AdmissionPlans``, kept on the request objects) and the counters.
 
 Admission, in SGLang terms. A match reports ``mamba_branching_seqlen`` when the request's
 KV hit runs past the deepest state (SGLang's own branch detection, the paper's speculative
@@ -49,19 +28,14 @@ while the ghost index is unchanged (``_ghost_lookup``), so their cost stays SGLa
 from __future__ import annotations
 
 import logging
-import time
 
 import numpy as np
 
-from sglang_marconi.policy import defaults
-from sglang_marconi.policy.alpha import AlphaTuner
-from sglang_marconi.policy.defaults import NO_CAP, PAPER_MAX_STATES_PER_REQUEST
+from sglang_marconi.policy.defaults import NO_CAP
 from sglang_marconi.policy.ghost import GhostIndex
 from sglang_marconi.policy.host_tier import (HostLink, demoted_efficiency, host_efficiency,
                                              host_link_preset, tail_counts_toward_backup)
 from sglang_marconi.policy.likelihood import EndStateUsefulness, ReuseWeight
-from sglang_marconi.policy.mirror import state_pool_image
-from sglang_marconi.policy.online import OnlineAlpha
 from sglang_marconi.policy.ranking import ranked_efficiency
 from sglang_marconi.policy.snapshot_admission import SnapshotPlan
 from sglang_marconi.sglang_integration.admission_plans import AdmissionPlans
@@ -79,14 +53,12 @@ LOG_EVERY = 200  # requests between two summary log lines
 
 
 class MarconiPolicyState(AdmissionPlans):
-    """Cost model, alpha, admission plans and counters of one Marconi cache."""
+    """Cost model, ranking, admission plans and counters of one Marconi cache."""
 
     log_every = LOG_EVERY
-    tune_slice_tokens = defaults.TUNE_SLICE_TOKENS  # tokens replayed per tuning slice
 
     def __init__(self, settings: MarconiSettings, spec, grid: int, kv_tokens: int,
-                 state_slots: int, page_size: int = 1, extra_buffer: bool = False,
-                 cache_class=None):
+                 state_slots: int, extra_buffer: bool = False):
         self.settings = settings
         self.spec = spec
         self.grid = max(1, grid)
@@ -99,75 +71,26 @@ class MarconiPolicyState(AdmissionPlans):
         self.rekey_chains = None  # callable(is_chain): re-key the chain states (the cache)
         self.clock = 0  # request clock: ticks once per request match (state recency)
         self.extra_buffer = extra_buffer
-        self.alpha = (float(settings.alpha)
-                      if not (settings.auto_alpha or settings.online_alpha) else 0.0)
+        self.alpha = settings.ranking_alpha
         self.capacity_bytes = (kv_tokens * spec.kv_bytes_per_token
                                + state_slots * spec.ssm_state_bytes)
         self.state_slots = state_slots
-        self.tuner = None
-        self.shadow = None
-        self.online = None
-        self.tree_tokens = None  # callable: token ids the real tree holds (set by the cache)
-        self.stats.alpha_mode = ("auto" if settings.auto_alpha else
-                                 "online" if settings.online_alpha else "fixed")
-        if settings.online_alpha:
-            self.online = OnlineAlpha(self.make_shadow, alphas=settings.online_alphas,
-                                      window=settings.online_window,
-                                      period=settings.online_period,
-                                      sample=settings.online_sample)
-            self.alpha = self.online.alpha
-        if settings.auto_alpha:
-            from sglang_marconi.sglang_integration.shadow import TUNING_GRID, ShadowReplay
-
-            # the auto tuner replays the window through shadow caches of the live class
-            self.shadow = ShadowReplay(cache_class, spec, settings, kv_tokens, state_slots,
-                                       page_size, extra_buffer)
-            # tuned in slices of a fixed token budget, one per finished request, so no
-            # cache call carries the whole replay (policy.alpha)
-            self.tuner = AlphaTuner(self.shadow, grid=TUNING_GRID,
-                                    multiplier=settings.bootstrap_multiplier,
-                                    steps=self.shadow.steps,
-                                    slice_cost=self.tune_slice_tokens)
+        self.stats.alpha_mode = "fixed"
         self.reuse = self.ghost = self.end_usefulness = None
         if settings.plus:
-            self.stats.alpha_mode = "marconi+"  # settings.alpha is 0: no tuner, no shadows
+            self.stats.alpha_mode = "marconi+"
             self.reuse = ReuseWeight()
             ghost_tokens = int(settings.ghost_factor * kv_tokens)
             if ghost_tokens > 0:
                 self.ghost = GhostIndex(ghost_tokens)
                 self.end_usefulness = EndStateUsefulness(settings.end_threshold)
         self.stats.alpha = self.alpha
-        self.stats.alpha_tuned = not settings.auto_alpha
-
-    # -- alpha ---------------------------------------------------------------------------
-    def make_shadow(self, alpha: float, sample: float):
-        """A metadata-only simulator cache mirroring this one's state pool, fixed alpha."""
-        return state_pool_image(
-            self.spec, self.state_slots, extra_buffer=self.extra_buffer, grid=self.grid,
-            alpha=alpha, sample=sample, renormalise_limit=self.settings.renormalise_limit,
-            max_states_per_request=(self.max_states if self.capped
-                                    else PAPER_MAX_STATES_PER_REQUEST))
 
     @staticmethod
     def _finished_tokens(req):
         """(prompt, the tokens whose KV exists at finish: prompt + output minus the last)."""
         inp = np.asarray(req.origin_input_ids, dtype=np.int64)
         return inp, np.concatenate([inp, np.asarray(req.output_ids[:-1], dtype=np.int64)])
-
-    def _observe_online(self, req) -> None:
-        t0 = time.perf_counter()
-        inp, full = self._finished_tokens(req)
-        new_alpha = self.online.observe(inp, full)
-        st = self.stats
-        st.online_seconds += time.perf_counter() - t0
-        shadows = self.online.shadows.values()
-        st.shadow_tokens = sum(s.tree.num_kv_tokens for s in shadows)
-        st.shadow_nodes = sum(s.tree.num_nodes for s in shadows)
-        if self.tree_tokens is not None:
-            st.tree_tokens = self.tree_tokens()
-        if new_alpha is not None:
-            st.online_switches += 1
-            self._set_alpha(new_alpha)
 
     def _observe_ghost(self, req, adm: SnapshotPlan) -> None:
         """marconi+: remember the finished sequence and where its end state would be (the
@@ -177,44 +100,6 @@ class MarconiPolicyState(AdmissionPlans):
         # (``admit_final``): under extra_buffer its last snapshot (the input's grid-floored
         # end or a decode snapshot), not the end of the KV
         self.ghost.record(full, adm.end, self.clock)
-
-    def _observe_tuner(self, req) -> None:
-        """alpha = auto: record the finished request, or run one tuning slice. A failing
-        replay is an error (logged, counted in ``tuner_failures``): the alpha stays where
-        it is, and no other tuner takes over."""
-        from sglang_marconi.sglang_integration.shadow import window_item
-
-        try:
-            new_alpha = self.tuner.observe_request(window_item(req))
-        except Exception:
-            logger.exception("Marconi: alpha tuning failed after %d requests; alpha stays "
-                             "%g (no retry)", self.stats.requests, self.alpha)
-            self.tuner.abandon()
-            self.stats.tuner_failures += 1
-            if self.exporter is not None:
-                self.exporter.tuner_failure()
-            return
-        self.stats.tuning_slices = self.tuner.slices
-        if new_alpha is not None:
-            self._set_alpha(new_alpha)
-
-    def _set_alpha(self, alpha: float) -> None:
-        self.alpha = float(alpha)
-        self.stats.alpha = self.alpha
-        self.stats.alpha_tuned = True
-        if self.online is not None:
-            logger.info("Marconi alpha moved to %g online after %d requests (FLOPs saved "
-                        "by each shadow over the window: %s)", self.alpha, self.online.seen,
-                        {a: f"{v:.3g}" for a, v in self.online.window_scores().items()})
-        else:
-            self.stats.tuning_seconds = getattr(self.shadow, "seconds", 0.0)
-            self.stats.tuned_at = self.tuner.tuned_at
-            logger.info("Marconi alpha tuned to %g at request %d in %d slices, %.1f s in "
-                        "all (FLOPs saved by alpha: %s)", self.alpha, self.tuner.tuned_at,
-                        self.tuner.slices, getattr(self.shadow, "seconds", 0.0),
-                        {a: f"{v:.3g}" for a, v in getattr(self.tuner, "scores", {}).items()})
-        if self.exporter is not None:
-            self.exporter.set_alpha(self.alpha)
 
     # -- scoring -------------------------------------------------------------------------
     @property
@@ -371,10 +256,6 @@ class MarconiPolicyState(AdmissionPlans):
         if self.exporter is not None:
             self.exporter.state("evicted", reason)
 
-    def on_eviction(self) -> None:
-        if self.tuner is not None:
-            self.tuner.observe_eviction()
-
     # -- request end ---------------------------------------------------------------------
     def on_release(self, req, finished: bool) -> None:
         adm = self.take_plan(req)
@@ -390,10 +271,6 @@ class MarconiPolicyState(AdmissionPlans):
         st.prefill_flops += self.spec.prefill_flops(len(req.origin_input_ids))
         if self.exporter is not None:
             self.exporter.request(adm.hit_len, saved)
-        if self.tuner is not None and self.tuner.recording:
-            self._observe_tuner(req)
-        if self.online is not None:
-            self._observe_online(req)
         if self.ghost is not None:
             self._observe_ghost(req, adm)
         if adm.hit_node is not None and has_state(adm.hit_node):

@@ -6,7 +6,7 @@ A tiny Qwen3-Next and a tiny Nemotron-H with seeded random fp32 weights
 attention, pools and COW copies; torch versions of the ``sgl_kernel`` ops and of the
 Mamba2 Triton kernels). For each model, a scripted stream (``build_stream``) runs first
 on a server with ``--disable-radix-cache``; its inputs (continuations carry that server's
-outputs) are then sent, in the same order, to stock, marconi and marconi+ servers under
+outputs) are then sent, in the same order, to stock, marconi and marconi-paper servers under
 no_buffer (overlap off) and extra_buffer (overlap on). The order makes them resume from branch,
 chunk, decode-track and end-of-request states, forks, and after evictions under tight
 pools. ``compare`` checks greedy tokens and logprobs position by position.
@@ -24,7 +24,7 @@ import requests
 
 from farm import ServerFarm
 from live_configs import page_size
-from server import BUFFERS, POLICIES, LiveServer
+from server import BUFFERS, LEARNED_ADMISSION, POLICIES, LiveServer
 from tiny_models import write_tiny_weights
 
 MODELS = ("qwen3_next", "nemotron_h")
@@ -51,9 +51,9 @@ CONFIGS = [(buffer, policy) for buffer in EXACT_BUFFERS for policy in POLICIES]
 # both Marconi policies for Nemotron-H; with the references and the negative controls, its
 # time budget); MARCONI_LIVE_EXACT=full runs all nine per model (verify-exact --live always
 # does)
-QUICK_CONFIGS = {"qwen3_next": [("no_buffer", "marconi+"), ("extra_buffer", "stock"),
-                                ("extra_buffer_normal_loop", "marconi")],
-                 "nemotron_h": [("no_buffer", "marconi"), ("extra_buffer", "marconi+")]}
+QUICK_CONFIGS = {"qwen3_next": [("no_buffer", "marconi"), ("extra_buffer", "stock"),
+                                ("extra_buffer_normal_loop", "marconi-paper")],
+                 "nemotron_h": [("no_buffer", "marconi-paper"), ("extra_buffer", "marconi")]}
 FULL_ENV = "MARCONI_LIVE_EXACT"
 NEGATIVE = ("no_buffer", "stock-perturbed")
 NEGATIVE_STEPS = 5        # shared-1 .. turn-2: chunk, branch and end-state hits
@@ -212,7 +212,7 @@ def expected_hits(buffer: str, policy: str, by_name: dict) -> dict:
             "doc-prefix": 2 * CHUNKED_PREFILL}            # chunk state inside a long prompt
     if buffer.startswith("extra_buffer"):                # either loop
         want["shared-3"] = 350 // GRID * GRID             # branch state
-        if policy != "marconi+":  # marconi+ may decline end/track states (learned admission)
+        if policy not in LEARNED_ADMISSION:
             want["turn-2"] = end // TRACK_INTERVAL * TRACK_INTERVAL   # decode-track state
     else:
         want["shared-3"] = CHUNKED_PREFILL

@@ -35,8 +35,11 @@ BUFFERS = {
     "no_buffer": ["--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule"],
     "extra_buffer": ["--mamba-radix-cache-strategy", "extra_buffer"],
 }
+# marconi-paper: the paper's ranking (a fixed alpha) and admission, as ab's column of that name
 POLICIES = {"stock": [], "marconi": ["--cache-policy", "marconi"],
-            "marconi+": ["--cache-policy", "marconi+"]}
+            "marconi-paper": ["--cache-policy", "marconi", "--marconi-alpha", "1",
+                              "--marconi-max-states-per-request", "2"]}
+LEARNED_ADMISSION = {"marconi"}  # may decline end / track states (learned end admission)
 
 
 def free_port() -> int:

@@ -2,14 +2,14 @@
 in front of two live CPU SGLang servers (tiny Nemotron-H, SGLang's default extra_buffer
 with the overlap loop, tight pools), ``sglang.bench_serving`` (generated-shared-prefix)
 through the router, and each worker's own counters read back from its ``/metrics``: stock
-workers, then marconi+ workers (one pair of servers at a time).
+workers, then marconi workers (one pair of servers at a time).
 
 What it asserts: every request is served, both workers got traffic, the workers'
 ``num_requests_total`` add up to the benchmark's requests, and the prompt tokens each
 worker reports cached are read back (> 0 with shared prefixes). The cached fractions are
 printed (``pytest -s``), not asserted against each other: with the forward pass replaced,
 timings (and so the router's in-flight counts) are this machine's. ``make test`` runs the
-marconi+ pair (its time budget); ``MARCONI_LIVE_ROUTER=full`` runs the stock pair too (the
+marconi pair (its time budget); ``MARCONI_LIVE_ROUTER=full`` runs the stock pair too (the
 comparison docs/scale-out.md quotes).
 
 Also SGLang's own data parallelism: one live server with ``--dp-size 2 --cache-policy
@@ -53,7 +53,7 @@ def model_path(tmp_path_factory):
     return write_tiny_model(tmp_path_factory.mktemp("router-model") / MODEL, MODEL)
 
 
-@pytest.mark.parametrize("policy", ["stock", "marconi+"])
+@pytest.mark.parametrize("policy", ["stock", "marconi"])
 def test_bench_serving_through_the_real_router(model_path, tmp_path, policy):
     if policy == "stock" and os.environ.get("MARCONI_LIVE_ROUTER") != "full":
         pytest.skip("stock workers behind the router run with MARCONI_LIVE_ROUTER=full")

@@ -1,8 +1,9 @@
-"""SGLang's real HTTP server on CPU (forward replaced), stock vs marconi vs marconi+.
+"""SGLang's real HTTP server on CPU (forward replaced), stock vs marconi vs the paper's rule.
 
 Every test runs against each configuration of ``conftest.CONFIGS`` (Qwen3-Next and
 Nemotron-H; no_buffer with the normal loop, extra_buffer with SGLang's default overlap
-loop; stock, ``--cache-policy marconi`` with default flags, ``marconi+``), one server per
+loop; stock, ``--cache-policy marconi`` with default flags, and with the paper's ranking
+(``--marconi-alpha 1``) and admission (``marconi-paper``)), one server per
 configuration. What is asserted comes from the server: ``meta_info.cached_tokens``, the
 OpenAI ``usage``, ``/metrics``, the server's log (SGLang's own idle leak check).
 """
@@ -17,6 +18,7 @@ import pytest
 import requests
 
 from live_configs import page_size
+from server import LEARNED_ADMISSION
 from sglang_marconi.cli.main import main as sglang_marconi_cli
 from streams import (CHUNKED_PREFILL, KV_TOKENS, MAMBA_SLOTS, TRACK_INTERVAL, run_stream,
                      write_session_trace)
@@ -61,7 +63,11 @@ def test_server_runs_the_configuration(live):
         assert "impl=UnifiedRadixCache" in log
     else:
         assert "impl=MarconiUnifiedRadixCache" in log
-        assert f"policy={'marconi+' if policy == 'marconi+' else 'marconi'}" in log
+        assert "policy=marconi" in log
+        assert ("paper's ranking, alpha 1" in log) == (policy == "marconi-paper")
+        # the cost model's bytes are the ones SGLang's pools hold
+        assert "Marconi cache: SGLang's pools hold" in log
+        assert "differ from the cost model" not in log
 
 
 def test_scripted_stream_hits_where_the_cache_keeps_states(live, farm):
@@ -82,7 +88,7 @@ def test_scripted_stream_hits_where_the_cache_keeps_states(live, farm):
     t1, t2 = rec.by_name("turn-1"), rec.by_name("turn-2")
     if buffer == "no_buffer":
         assert t2.cached_tokens == len(t1.input_ids) + len(t1.output_ids) - 1
-    elif policy != "marconi+":  # marconi+ may decline end states (learned end admission)
+    elif policy not in LEARNED_ADMISSION:
         # extra_buffer publishes the last decode-track snapshot (grid 128)
         end = len(t1.input_ids) + len(t1.output_ids) - 1
         assert t2.cached_tokens == end // TRACK_INTERVAL * TRACK_INTERVAL
@@ -127,10 +133,10 @@ def test_chat_continuation_reports_cached_tokens(live):
         return
     # extra_buffer: the last snapshot of the first turn: a decode-track one (every 128
     # tokens of sequence) if the answer crossed one, else the prompt's grid-floored end,
-    # which the last prefill chunk published (what marconi+ keeps at least)
+    # which the last prefill chunk published (what learned admission keeps at least)
     track = (p1 + c1 - 1) // TRACK_INTERVAL * TRACK_INTERVAL
     prompt_state = p1 // GRID * GRID
-    if policy == "marconi+":
+    if policy in LEARNED_ADMISSION:
         assert cached >= prompt_state
     else:
         assert cached == (track if track > p1 else prompt_state)

@@ -73,11 +73,11 @@ def test_sglang_function_fork_program(farm):
 
 def test_unified_memory_serves(farm):
     """``--enable-unified-memory`` (one byte buffer for KV and states; SGLang needs the
-    triton attention backend for its page-major KV layout) with marconi+: the Marconi
+    triton attention backend for its page-major KV layout) with marconi: the Marconi
     cache ranks KV and states together, the scripted stream hits where states are, and
     SGLang's idle leak check stays silent. (Not compared with ``ab``: ab sizes a unified
     buffer from --cache-gb, not from a server's token caps.)"""
-    args = [*server_args("qwen3_next", "extra_buffer", "marconi+"),
+    args = [*server_args("qwen3_next", "extra_buffer", "marconi"),
             "--enable-unified-memory", "--attention-backend", "triton"]
     server = LiveServer(farm.models["qwen3_next"], args, max_total_tokens=KV_TOKENS,
                         mamba_slots=MAMBA_SLOTS, max_running=MAX_RUNNING).start()
@@ -95,7 +95,7 @@ def test_unified_memory_serves(farm):
         log = server.log_text()[before:].lower()
         assert "leak" not in log and "traceback" not in log, log[-3000:]
     finally:
-        farm._stop(("qwen3_next", "extra_buffer", "marconi+", "unified"), server)
+        farm._stop(("qwen3_next", "extra_buffer", "marconi", "unified"), server)
 
 
 @pytest.mark.parametrize("algorithm", ["NEXTN", "EAGLE"])

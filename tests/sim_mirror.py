@@ -4,9 +4,7 @@ SGLang's cache differs from the paper's single budget in ways a ``PrefixCache`` 
 (``PrefixCache`` documents each knob): two pools, so a cache of the state pool alone
 (``StatePoolCost``: KV free); SGLang's eviction timing (``evict_at="begin"``), branch rule
 (``"kv"`` with the extra buffer, ``"none"`` without), recency stamps (an insert half a tick
-after the hit) and normalisation. The online-alpha shadows of the SGLang cache
-(``sglang_integration.policy_state``) and the parity tests (``tests/parity_harness.py``)
-build their simulators here, so both model SGLang the same way.
+after the hit) and normalisation. The parity tests (``parity_harness.py``) build their simulators here.
 """
 from __future__ import annotations
 
