@@ -16,8 +16,8 @@ BOOTSTRAP_MULTIPLIER = 5.0         # tune after k x (requests until the first ev
 TUNE_SLICE_TOKENS = 65536          # auto on a server: tokens replayed per tuning slice (one per
                                    # finished request; token units, a decode step weighs
                                    # driver.replay.DECODE_STEP_WEIGHT; at least one step)
-# the SGLang cache's --marconi-alpha default: chosen by docs/alpha_sweep.md's rule (never
-# more than 2% below stock, best on average) on the cells measured in issue 13
+# the SGLang cache's --marconi-alpha default: chosen by scripts/sweep_alpha_mode.py's rule
+# (never more than 2% below stock, best on average; docs/beyond.md)
 SERVER_ALPHA_MODE = "online"
 ONLINE_ALPHAS = (0.0, 0.5, 1.0, 2.0)
 ONLINE_WINDOW = 200                # requests the online shadows are compared over
