@@ -1,6 +1,6 @@
 """Beyond the paper (issue 7): marconi+ and online alpha against LRU, Marconi and the
-references, on the shared Mooncake trace and the generators. Writes docs/beyond.md (and
-docs/img/beyond_mooncake.png) and prints PASS/MISS for the two targets:
+references, on the shared Mooncake trace and the generators. Writes results/beyond.md (and
+results/img/beyond_mooncake.png; docs/beyond.md summarises a run) and prints PASS/MISS for the two targets:
 
 - Mooncake, paper-7b, 100 GB: marconi+ saves >= 1.5x the prefill FLOPs of LRU (paper-sglang+);
 - generators (chat, agent, shared-prompt, fork-join, 3 capacities each): marconi+ never
@@ -10,7 +10,7 @@ The runs and their analysis: ``sglang_marconi/reports/beyond.py``; the markdown:
 ``reports/beyond_markdown.py``; the plot: ``reports/plots.py``.
 A benchmark, not a test: exits 0 either way (1 with ``--strict`` on a MISS).
 
-Usage: .venv/bin/python scripts/bench_beyond.py [--jobs 2] [--out docs/beyond.md]
+Usage: .venv/bin/python scripts/bench_beyond.py [--jobs 2] [--out results/beyond.md]
        [--quick] [--mooncake PATH]
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--out", default=str(ROOT / "docs" / "beyond.md"))
+    ap.add_argument("--out", default=str(ROOT / "results" / "beyond.md"))
     ap.add_argument("--img", default=None, help="PNG folder (default: img/ beside --out)")
     ap.add_argument("--mooncake", default=None)
     ap.add_argument("--quick", action="store_true", help="time the shadows once, not 3 times")

@@ -5,7 +5,8 @@ workload (``CHAT_LONG``, generated once with ``gen-trace``), each cell with seed
 arrivals (``--arrivals poisson --seed S``: the seed varies the arrival process only; the
 requests and their order are the trace's); the median over seeds per row. Writes each
 cell's JSON under ``--json-dir``, the markdown (table + PASS/MISS of the targets) to
-``--out`` and the plot to ``--plot``.
+``--out`` and the plot to ``--plot`` (by default all under results/ at the repository
+root).
 
 Each cell is one serve-sim process (all loads and caches of one model, workload, memory
 mode, loop and seed). The defaults run a slice that fits a shared 2-core machine (see
@@ -89,9 +90,9 @@ def main(argv=None) -> int:
                          "robust to a shared machine)")
     ap.add_argument("--gpu", default="h200")
     ap.add_argument("--cache-gb", default="100")
-    ap.add_argument("--json-dir", default=str(ROOT / "docs" / "serving_grid"))
-    ap.add_argument("--out", default=str(ROOT / "docs" / "serving_grid.md"))
-    ap.add_argument("--plot", default=str(ROOT / "docs" / "img" / "serving_grid.png"))
+    ap.add_argument("--json-dir", default=str(ROOT / "results" / "serving_grid"))
+    ap.add_argument("--out", default=str(ROOT / "results" / "serving_grid.md"))
+    ap.add_argument("--plot", default=str(ROOT / "results" / "serving_grid.png"))
     ap.add_argument("--reuse", action="store_true", help="keep the cells already in --json-dir")
     ap.add_argument("--dry-run", action="store_true", help="list the cells' commands only")
     args = ap.parse_args(argv)
@@ -135,6 +136,7 @@ def main(argv=None) -> int:
     grid_rows = serving_grid.rows(results)
     command = "python scripts/bench_serving.py " + shlex.join(argv)
     text = serving_grid.markdown(grid_rows, command.strip())
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text)
     Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
     serving_grid.plot(grid_rows, args.plot)

@@ -5,7 +5,7 @@ the FLOPs-saved plot. Runs and analysis: ``sglang_marconi/reports/unified_bench.
 ``unified_markdown.py``. A benchmark, not a test: exits 0 either way.
 
 Usage: python scripts/bench_unified.py [--limit N] [--processes 2] [--out runs.jsonl]
-       [--models paper-7b,qwen3_next] [--budgets 50,100,200] [--plot docs/img/unified.png]
+       [--models paper-7b,qwen3_next] [--budgets 50,100,200] [--plot results/unified_flops.png]
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def main(argv=None) -> int:
                     "(a rerun skips the cells already there)")
     ap.add_argument("--models", default=",".join(unified_bench.MODELS))
     ap.add_argument("--budgets", default=",".join(map(str, unified_bench.BUDGETS)))
-    ap.add_argument("--plot", default=str(ROOT / "docs" / "img" / "unified_flops.png"))
+    ap.add_argument("--plot", default=str(ROOT / "results" / "unified_flops.png"))
     ap.add_argument("--analyze-only", action="store_true", help="no replays: tables from --out")
     args = ap.parse_args(argv)
     cells = unified_bench.grid(args.models.split(","),

@@ -1,12 +1,13 @@
 """Reproduce the Marconi paper's simulator results (Figs. 7-10, 12) with this project's
-simulator, and write docs/results.md plus PNG plots in docs/img/.
+simulator, and write results/results.md plus PNG plots in results/img/ (under the
+repository root; docs/results.md summarises a run).
 
 The sweep and its analysis: ``sglang_marconi/reports/reproduce.py``; the markdown:
 ``reports/reproduce_markdown.py``; the plots: ``reports/plots.py``. Every number in the
 markdown is computed by this run; every table names the command.
 
 Usage: .venv/bin/python scripts/reproduce.py [--quick | --tiny] [--jobs 2]
-       [--out docs/results.md] [--img docs/img] [--arch qwen3_next] [--mooncake PATH]
+       [--out results/results.md] [--img results/img] [--arch qwen3_next] [--mooncake PATH]
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def main(argv=None) -> int:
     mode.add_argument("--quick", action="store_true", help="a smaller sweep (< 10 min on 2 cores)")
     mode.add_argument("--tiny", action="store_true", help="a seconds-long sweep (tests)")
     ap.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
-    ap.add_argument("--out", default=str(ROOT / "docs" / "results.md"))
+    ap.add_argument("--out", default=str(ROOT / "results" / "results.md"))
     ap.add_argument("--img", default=None, help="PNG folder (default: img/ beside --out)")
     ap.add_argument("--arch", default="qwen3_next", help="the real architecture preset")
     ap.add_argument("--mooncake", default=None, help="the Mooncake trace (default: shared)")

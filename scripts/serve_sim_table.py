@@ -6,8 +6,8 @@ lines against stock, no table. ``--bookkeeping``: instead, per file and run the 
 own time (per-step max and p99, total, the total over stock's and stock-python's in that
 file, the longest GC pause, reported apart) and FLOPs saved.
 
-    python scripts/serve_sim_table.py docs/data/hicache_serving.json
-    python scripts/serve_sim_table.py docs/data/hicache_serving_grid/*.json
+    python scripts/serve_sim_table.py results/hicache_serving.json
+    python scripts/serve_sim_table.py results/hicache_serving_grid/*.json
     python scripts/serve_sim_table.py --bookkeeping before.json after.json
 """
 from __future__ import annotations

@@ -19,7 +19,7 @@ def _script(name: str):
 
 
 def test_bookkeeping_lines_carry_the_files_ratios(capsys):
-    path = ROOT / "docs" / "serving_overhead_paper_7b_unified_load0.8.json"
+    path = ROOT / "tests" / "data" / "serving_overhead_paper_7b_unified_load0.8.json"
     out = json.loads(path.read_text())
     table = _script("serve_sim_table")
     lines = table.bookkeeping_rows(out)

@@ -1,4 +1,5 @@
-"""docs/beyond.md: the markdown of ``reports.beyond``'s analysis (every table names the
+"""The beyond-the-paper report (results/beyond.md by default; docs/beyond.md summarises it): the
+markdown of ``reports.beyond``'s analysis (every table names the
 command that computed it) and ``summary``, what the tables say in numbers the run
 computed."""
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The PNG plots of the reports (matplotlib, Agg): ``write_plots`` for docs/results.md (the
+"""The PNG plots of the reports (matplotlib, Agg): ``write_plots`` for the results report (the
 paper's Figs. 7-10 and 12 side by side with ours, a capacity sweep per model) and
-``write_beyond_plot`` for docs/beyond.md (FLOPs saved per policy on the Mooncake trace)."""
+``write_beyond_plot`` for the beyond report (FLOPs saved per policy on the Mooncake trace)."""
 from __future__ import annotations
 
 import math

@@ -1,5 +1,6 @@
-"""docs/results.md: the markdown of ``reports.reproduce``'s analysis (every table names the
-command that computed it), and ``explain``, measured statements about where and why ours
+"""The results report (results/results.md by default; docs/results.md summarises it): the
+markdown of ``reports.reproduce``'s analysis (every table names the command that computed
+it), and ``explain``, measured statements about where and why ours
 differ from the paper's figures."""
 from __future__ import annotations
 

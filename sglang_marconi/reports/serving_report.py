@@ -1,4 +1,4 @@
-"""docs/serving.md's evidence: the serve-sim grid's rows, the targets' PASS/MISS, and what
+"""The earlier serve-sim evidence report: the serve-sim grid's rows, the targets' PASS/MISS, and what
 changed against the serial replay (state slots held by running requests vs the tree).
 
 Targets (issue 12): at load 0.8 marconi+'s P95 TTFT <= 0.6x stock's; at no load is a
