@@ -130,6 +130,8 @@ def test_at_most_four_marconi_flags_on_the_launcher():
     (("--marconi-alpha", "0.5"), "only apply with --cache-policy marconi"),
     (("--cache-policy", "marconi", "--marconi-max-states-per-request", "0"), "positive"),
     (("--cache-policy", "marconi", "--marconi-alpha", "auto"), "a number >= 0"),
+    (("--cache-policy", "marconi", "--mamba-radix-cache-strategy", "extra_buffer_lazy"),
+     "extra_buffer_lazy is not supported yet"),
     (("--cache-policy", "marconi", "--marconi-online-window", "9"), "unrecognized"),
 ])
 def test_conflicting_flags_fail_at_start_up(parse, flags, fragment, capfd):

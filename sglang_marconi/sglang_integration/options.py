@@ -271,6 +271,11 @@ def settings_from_namespace(args) -> Optional[MarconiSettings]:
         raise ValueError(f"--cache-policy marconi: --speculative-algorithm {speculative} is "
                          "not supported yet (no test shows its draft-token state tracking "
                          "correct with the Marconi cache); drop it or use --cache-policy lru")
+    if getattr(args, "mamba_radix_cache_strategy", None) == "extra_buffer_lazy":
+        raise ValueError("--cache-policy marconi: --mamba-radix-cache-strategy "
+                         "extra_buffer_lazy is not supported yet (its lazily allocated track "
+                         "slots have not run under the Marconi cache's admission); use "
+                         "extra_buffer")
     eviction = getattr(args, "radix_eviction_policy", "lru")
     if eviction not in (None, "lru"):
         raise ValueError("--cache-policy marconi replaces the eviction order; drop "
