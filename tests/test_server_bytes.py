@@ -210,3 +210,12 @@ def test_plugin_reads_the_bytes_of_sglangs_built_mamba_pool(name, tmp_path):
     kit, _, _ = build_pools(PoolConfig(kv_tokens=4096, mamba_slots=8))
     assert pool_bytes.state_bytes_per_slot(kit.req_to_token_pool.mamba_pool) == 448
     assert pool_bytes.kv_bytes_per_token(kit.token_to_kv_pool_allocator.get_kvcache()) == 4
+
+
+@pytest.mark.parametrize("name,preset", [("nemotron_h_8b_base_8k", "nemotron_h"),
+                                         ("qwen3_next_80b_a3b_instruct", "qwen3_next")])
+def test_presets_are_the_published_models(name, preset, tmp_path):
+    """The nemotron_h preset is Nemotron-H-8B (transformers' class defaults to 4 layers), the
+    qwen3_next preset Qwen3-Next-80B-A3B: layer for layer, bytes and FLOPs."""
+    spec = spec_from_config_path(_folder(tmp_path, name))
+    assert preset_spec(preset).layers == spec.layers

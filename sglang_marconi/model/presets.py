@@ -51,6 +51,13 @@ ARCH_PRESETS = {
 # pattern (16 layers, attention at 2, 5, 8, 10, 12, 14, the rest short convolutions)
 _LFM2_ATTENTION = {2, 5, 8, 10, 12, 14}
 PRESET_OVERRIDES = {
+    # transformers' NemotronHConfig defaults to 4 layers: Nemotron-H-8B's shape instead
+    "nemotron_h": {"hidden_size": 4096, "num_hidden_layers": 52, "intermediate_size": 21504,
+                   "hybrid_override_pattern": "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*"
+                                              "-M-M-M-M-M-",
+                   "mamba_num_heads": 128, "mamba_head_dim": 64, "n_groups": 8,
+                   "ssm_state_size": 128, "conv_kernel": 4, "num_attention_heads": 32,
+                   "num_key_value_heads": 8, "head_dim": 128, "mlp_hidden_act": "relu2"},
     "lfm2": {"hidden_size": 2048, "num_hidden_layers": 16, "intermediate_size": 12288,
              "layer_types": ["full_attention" if i in _LFM2_ATTENTION else "conv"
                              for i in range(16)]},

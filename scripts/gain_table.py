@@ -1,0 +1,67 @@
+"""The README's gain table: prefill FLOPs saved by stock SGLang and by ``--cache-policy
+marconi`` on the same pools, for Qwen3-Next and Nemotron-H at SGLang's defaults (static
+pools, unified memory, static pools with HiCache), from ``ab`` (SGLang's own cache objects
+driven with the scheduler's calls) on one trace. Prints a markdown table with the command
+and the commit it ran at.
+
+Usage: .venv/bin/python scripts/gain_table.py [--trace PATH] [--cache-gb 100]
+       [--hicache-size 400] [--models qwen3_next,nemotron_h] [--limit N]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACE = ROOT.parent / "shared" / "traces" / "mooncake" / "synthetic_trace.jsonl"
+MODES = {  # label -> ab flags beyond the model and the budget
+    "static pools": ["--memory", "static"],
+    "unified memory": ["--memory", "unified"],
+    "static + HiCache": ["--memory", "static", "--hicache-size"],
+}
+
+
+def run_cell(trace, model, cache_gb, mode, hicache_size, limit):
+    flags = list(MODES[mode])
+    if flags[-1] == "--hicache-size":
+        flags.append(str(hicache_size))
+    cmd = [sys.executable, "-m", "sglang_marconi", "ab", "--trace", str(trace), "--model", model,
+           "--cache-gb", str(cache_gb), *flags, "--caches", "stock,marconi", "--json",
+           "--no-progress", *(["--limit", str(limit)] if limit else [])]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if out.returncode:
+        raise SystemExit(f"error: {' '.join(cmd[2:])}: {out.stderr.strip().splitlines()[-1]}")
+    caches = json.loads(out.stdout)["caches"]
+    return caches["stock"]["flops_saved_fraction"], caches["marconi"]["flops_saved_fraction"]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", default=str(TRACE))
+    ap.add_argument("--cache-gb", type=float, default=100)
+    ap.add_argument("--hicache-size", type=int, default=400)
+    ap.add_argument("--models", default="qwen3_next,nemotron_h")
+    ap.add_argument("--limit", type=int, default=None)
+    args = ap.parse_args(argv)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=ROOT).stdout.strip() or "?"
+    print(f"`python scripts/gain_table.py --cache-gb {args.cache_gb:g} --hicache-size "
+          f"{args.hicache_size}{f' --limit {args.limit}' if args.limit else ''}` at commit "
+          f"{commit}, trace {Path(args.trace).name}: prefill FLOPs saved, one `ab` run a cell\n")
+    print(f"| model | {args.cache_gb:g} GiB per rank | stock SGLang | marconi | marconi / stock |")
+    print("|---|---|---|---|---|")
+    for model in [m for m in args.models.split(",") if m]:
+        for mode in MODES:
+            stock, marconi = run_cell(args.trace, model, args.cache_gb, mode,
+                                      args.hicache_size, args.limit)
+            label = mode if mode != "static + HiCache" else f"static + {args.hicache_size} GB HiCache"
+            print(f"| {model} | {label} | {stock:.2%} | {marconi:.2%} | "
+                  f"{marconi / stock if stock else float('nan'):.2f}x |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
