@@ -23,6 +23,7 @@ DEFAULT_CACHES = ("stock", "stock-python", "marconi")
 
 ROWS = (  # (label, key, format)
     ("token hit rate", "token_hit_rate", "{:.2%}"),
+    ("KV matched past the hit (tokens)", "lost_reuse_tokens", "{:,}"),
     ("FLOPs saved", "flops_saved", "{:.3e}"),
     ("FLOPs saved / all prefill", "flops_saved_fraction", "{:.2%}"),
     ("states admitted", "states_admitted", "{:,}"),
@@ -82,7 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--per-request", action="store_true",
                         help="with --json: each cache's tokens hit per request, in order "
-                             "(hit_tokens_per_request)")
+                             "(hit_tokens_per_request), and the tokens whose KV matched past "
+                             "the hit (lost_reuse_tokens_per_request)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 

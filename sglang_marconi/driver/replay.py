@@ -44,6 +44,7 @@ from sglang.srt.runtime_context import get_exec, mamba_checkpoint_grid, mamba_tr
 from sglang.srt.sampling.sampling_params import SamplingParams
 
 from sglang_marconi.driver import host_tier
+from sglang_marconi.driver.lost_reuse import lost_reuse_tokens
 
 # a decode step's bookkeeping costs about as much as this many prefill tokens (~20 us
 # against ~0.3 us a token of a prefill chunk, CPU, python tree core)
@@ -81,6 +82,7 @@ class RequestOutcome:
     peak_mamba_used: int
     host_hit_len: int = 0  # tokens loaded back from the host tier (HiCache)
     storage_hit_len: int = 0  # tokens fetched from the L3 store into the host tier first
+    lost_reuse: int = 0  # prompt tokens whose KV matched past the hit (``lost_reuse``)
 
 
 class ReplayBatch:
@@ -169,6 +171,16 @@ class Replayer:
         self.kv_total = tree_cache.token_to_kv_pool_allocator.size
         self.mamba_allocator = tree_cache.req_to_token_pool.mamba_allocator
         self.mamba_total = self.mamba_allocator.size
+        # the scheduler's match (``init_next_round_input``) keeps only the hit; the result
+        # of the last one is kept here for the reuse it lost (``lost_reuse``)
+        self._last_match = None
+        match = tree_cache.match_prefix
+
+        def remember_match(params):
+            self._last_match = match(params)
+            return self._last_match
+
+        tree_cache.match_prefix = remember_match
 
     # -- usage ---------------------------------------------------------------------------
     def kv_used(self) -> int:
@@ -263,6 +275,7 @@ class Replayer:
         fetched = host_tier.prefetch(self.cache, req)
         req.init_next_round_input(self.cache)
         hit_len = req.prefix_len
+        lost = lost_reuse_tokens(self._last_match, input_len) if self._last_match else 0
         host_hit = host_tier.admit(self.cache, req)
         req.lock = self.cache.lock(req.last_node)
         peak_kv = peak_mamba = 0
@@ -278,7 +291,7 @@ class Replayer:
                 host_tier.poll(self.cache)
                 return RequestOutcome(input_len, hit_len, 0, True,
                                       seconds + time.perf_counter() - t0, peak_kv, peak_mamba,
-                                      host_hit, fetched)
+                                      host_hit, fetched, lost)
             if req.extend_end >= input_len:
                 req.prefix_len = req.extend_end
                 break
@@ -321,7 +334,7 @@ class Replayer:
         host_tier.poll(self.cache)
         return RequestOutcome(input_len, hit_len, out_len, False,
                               seconds + time.perf_counter() - t0, peak_kv, peak_mamba, host_hit,
-                              fetched)
+                              fetched, lost)
 
 
 def sampling_params(rr: ReplayRequest, out: Sequence[int]):

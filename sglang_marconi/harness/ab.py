@@ -259,10 +259,10 @@ def _run_one(name, cache, requests, cfg, progress, per_request) -> dict:
                         overlap=cfg.overlap,
                         evict_every_decode_step=cfg.evict_every_decode_step)
     spec = cfg.spec
-    hit = inp = 0
+    hit = inp = lost = 0
     saved = total_flops = 0.0
     peak_kv = peak_mamba = 0
-    times, hits = [], []
+    times, hits, losts = [], [], []
     with pauses:
         t0 = time.perf_counter()
         for rr in requests:
@@ -275,6 +275,8 @@ def _run_one(name, cache, requests, cfg, progress, per_request) -> dict:
             times.append(pauses.exclude(out.seconds, gc0))
             skipped = out.hit_len + out.host_hit_len  # device hit + what came from host
             hits.append(skipped)
+            losts.append(out.lost_reuse)
+            lost += out.lost_reuse
             inp += out.input_len
             hit += skipped
             host_hits += out.host_hit_len
@@ -295,6 +297,8 @@ def _run_one(name, cache, requests, cfg, progress, per_request) -> dict:
         "input_tokens": inp,
         "hit_tokens": hit,
         "token_hit_rate": hit / inp if inp else 0.0,
+        # KV matched past the deepest usable state (driver.lost_reuse)
+        "lost_reuse_tokens": lost,
         "flops_saved": saved,
         "flops_saved_fraction": saved / total_flops if total_flops else 0.0,
         "states_admitted": counters.states_admitted,
@@ -316,6 +320,7 @@ def _run_one(name, cache, requests, cfg, progress, per_request) -> dict:
     }
     if per_request:
         result["hit_tokens_per_request"] = hits
+        result["lost_reuse_tokens_per_request"] = losts
     if host is not None:
         result["host"] = host_section(host, spec, host_hits, host_flops, fetched)
     if hasattr(cache, "marconi"):

@@ -50,6 +50,7 @@ class SnapshotPlan:
     counted: bool = False      # marconi+: counted in the end-state reuse rate
     end_offered: int = 0       # the position of the last end state offered (0: none)
     end_admitted: bool = False  # and whether it was admitted
+    lost_reuse: int = 0        # prompt tokens whose KV matched past the hit
 
 
 def new_plan(input_len: int, hit_len: int, branch_len: Optional[int], grid: int,

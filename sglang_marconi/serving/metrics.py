@@ -68,6 +68,7 @@ def request_stats(recs, spec, span: float) -> dict:
     queue = [r.admitted - r.arrival for r in admitted]
     inp = sum(r.input_len for r in admitted)
     hit = sum(r.hit_len for r in admitted)
+    lost = sum(r.lost_reuse for r in admitted)
     total_flops = sum(spec.prefill_flops(r.input_len) for r in admitted)
     saved = sum(spec.flops_saved(r.hit_len, 0) for r in admitted)
     return {
@@ -83,6 +84,7 @@ def request_stats(recs, spec, span: float) -> dict:
         "flops_saved_fraction": saved / total_flops if total_flops else 0.0,
         "token_hit_rate": hit / inp if inp else 0.0,
         "hit_tokens": hit,
+        "lost_reuse_tokens": lost,  # KV matched past the hit (driver.lost_reuse)
         "flops_saved": saved,
     }
 

@@ -74,6 +74,7 @@ from sglang.srt.managers.scheduler_components.new_token_ratio_tracker import New
 from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
+from sglang_marconi.driver.lost_reuse import lost_reuse_tokens
 from sglang_marconi.driver import host_tier
 from sglang_marconi.policy import defaults
 from sglang_marconi.driver.replay import _output_token, sampling_params
@@ -137,6 +138,7 @@ class RequestRecord:
     host_hit_len: int = 0             # of hit_len, tokens loaded back from the host tier
     host_load_s: float = 0.0          # the load-back of its first prefill batch, on the clock
     storage_hit_len: int = 0          # tokens the L3 prefetch brought to host on arrival
+    lost_reuse: int = 0               # prompt tokens whose KV matched past the hit
 
 
 @dataclass
@@ -181,6 +183,19 @@ class ServingScheduler:
                                 cpu=cfg.bookkeeping_cpu_time)
         self.after_step = after_step
         self.on_launch = on_launch
+        # each request's last match (SGLang's scheduler keeps only the hit): the reuse it
+        # lost, read at its first admission (driver.lost_reuse)
+        self.lost_reuse: dict = {}
+        match = cache.match_prefix
+
+        def remember_match(params):
+            result = match(params)
+            if params.req is not None:
+                self.lost_reuse[params.req.rid] = lost_reuse_tokens(
+                    result, len(params.req.origin_input_ids))
+            return result
+
+        cache.match_prefix = remember_match
         # what the overlap loop did that the normal loop never does: requests left out of a
         # batch as finishing in flight, queued results skipped (finished or retracted)
         self.finishing_inflight = self.skipped_results = 0
@@ -534,6 +549,7 @@ class ServingScheduler:
             rec = self.records[req.rid]
             if rec.admitted is None:
                 rec.admitted, rec.hit_len = self.now, req.prefix_len
+                rec.lost_reuse = self.lost_reuse.pop(req.rid, 0)
                 rec.host_hit_len = req.host_loaded_length
                 rec.host_load_s = load_s if req.host_loaded_length else 0.0
         batch = ScheduleBatch.init_new(                      # 4335-4350

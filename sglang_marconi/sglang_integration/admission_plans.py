@@ -16,6 +16,7 @@ from __future__ import annotations
 import weakref
 from typing import Optional
 
+from sglang_marconi.driver.lost_reuse import lost_reuse_tokens
 from sglang_marconi.policy.snapshot_admission import SnapshotAdmission, SnapshotPlan, new_plan
 
 PLAN_ATTR = "marconi_plan"  # the attribute a request carries its plan in
@@ -35,9 +36,11 @@ class AdmissionPlans(SnapshotAdmission):
         hit = result.device_prefix_len
         # without the extra buffer no prefill snapshots a branch: the plan has none
         branch_len = result.mamba_branching_seqlen if self.extra_buffer else None
-        self._attach(req, new_plan(len(req.origin_input_ids), hit, branch_len, self.grid,
+        input_len = len(req.origin_input_ids)
+        self._attach(req, new_plan(input_len, hit, branch_len, self.grid,
                                    self.max_states, ghost=ghost,
-                                   hit_node=self._matched_node if hit else None))
+                                   hit_node=self._matched_node if hit else None,
+                                   lost_reuse=lost_reuse_tokens(result, input_len)))
 
     def _attach(self, req, adm: SnapshotPlan) -> SnapshotPlan:
         setattr(req, PLAN_ATTR, adm)

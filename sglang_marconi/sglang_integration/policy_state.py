@@ -266,11 +266,12 @@ class MarconiPolicyState(AdmissionPlans):
         st.requests += 1
         st.input_tokens += len(req.origin_input_ids)
         st.hit_tokens += adm.hit_len
+        st.lost_reuse_tokens += adm.lost_reuse
         saved = self.spec.flops_saved(adm.hit_len, 0)
         st.flops_saved += saved
         st.prefill_flops += self.spec.prefill_flops(len(req.origin_input_ids))
         if self.exporter is not None:
-            self.exporter.request(adm.hit_len, saved)
+            self.exporter.request(adm.hit_len, saved, adm.lost_reuse)
         if self.ghost is not None:
             self._observe_ghost(req, adm)
         if adm.hit_node is not None and has_state(adm.hit_node):

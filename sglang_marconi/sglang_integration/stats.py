@@ -30,6 +30,7 @@ class MarconiStats:
     requests: int = 0
     input_tokens: int = 0
     hit_tokens: int = 0
+    lost_reuse_tokens: int = 0     # KV matched past the hit (driver.lost_reuse)
     flops_saved: float = 0.0
     prefill_flops: float = 0.0
     alpha: float = 0.0
@@ -53,6 +54,7 @@ class MarconiStats:
             "requests": self.requests,
             "input_tokens": self.input_tokens,
             "hit_tokens": self.hit_tokens,
+            "lost_reuse_tokens": self.lost_reuse_tokens,
             "token_hit_rate": self.token_hit_rate,
             "flops_saved": self.flops_saved,
             "prefill_flops": self.prefill_flops,
@@ -73,6 +75,7 @@ class MarconiStats:
                   else f"alpha={self.alpha:g}")
         return (f"Marconi cache: {policy}"
                 f" requests={self.requests} token_hit_rate={self.token_hit_rate:.3f}"
+                f" lost_reuse_tokens={self.lost_reuse_tokens}"
                 f" flops_saved={self.flops_saved:.3e} states_admitted[{adm}]"
                 f" rejected={self.rejected} end_states_skipped={self.end_states_skipped}"
                 f" states_evicted[{ev}]")
@@ -91,6 +94,9 @@ def _series(label_names: tuple) -> dict:
             "alpha": Gauge("sglang:marconi_alpha", "Current Marconi alpha", names,
                            multiprocess_mode="mostrecent"),
             "hit_tokens": PCounter("sglang:marconi_hit_tokens", "Prefix tokens hit", names),
+            "lost_reuse": PCounter("sglang:marconi_lost_reuse_tokens",
+                                   "Prompt tokens whose KV matched past the deepest usable "
+                                   "state (no state to resume from)", names),
             "flops_saved": PCounter("sglang:marconi_flops_saved",
                                     "Prefill FLOPs saved by hits", names),
             "admitted": PCounter("sglang:marconi_states_admitted", "SSM states admitted",
@@ -108,8 +114,9 @@ class PrometheusExporter:
         self.labels = labels
         self.series = _series(tuple(sorted(labels)))
 
-    def request(self, hit_tokens: int, flops_saved: float) -> None:
+    def request(self, hit_tokens: int, flops_saved: float, lost_reuse: int = 0) -> None:
         self.series["hit_tokens"].labels(**self.labels).inc(hit_tokens)
+        self.series["lost_reuse"].labels(**self.labels).inc(lost_reuse)
         self.series["flops_saved"].labels(**self.labels).inc(flops_saved)
 
     def set_alpha(self, alpha: float) -> None:

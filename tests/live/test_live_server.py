@@ -151,6 +151,7 @@ def test_metrics_series(live):
         return
     assert server.metric("sglang:marconi_hit_tokens_total") > 0
     assert server.metric("sglang:marconi_flops_saved_total") > 0
+    assert "sglang:marconi_lost_reuse_tokens_total" in text  # KV matched past the hit
 
 
 def test_flush_cache_empties_the_tree(live):
