@@ -2,7 +2,8 @@
 marconi`` on the same pools, for Qwen3-Next and Nemotron-H at SGLang's defaults (static
 pools, unified memory, static pools with HiCache), from ``ab`` (SGLang's own cache objects
 driven with the scheduler's calls) on one trace. Prints a markdown table with the command
-and the commit it ran at.
+and the commit it ran at, and what the cache costs: its bookkeeping per request against
+stock on SGLang's compiled tree core, and the ghost index's host memory bound.
 
 Usage: .venv/bin/python scripts/gain_table.py [--trace PATH] [--cache-gb 100]
        [--hicache-size 400] [--models qwen3_next,nemotron_h] [--limit N]
@@ -16,6 +17,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sglang_marconi.policy.defaults import GHOST_FACTOR  # noqa: E402
+
 TRACE = ROOT.parent / "shared" / "traces" / "mooncake" / "synthetic_trace.jsonl"
 MODES = {  # label -> ab flags beyond the model and the budget
     "static pools": ["--memory", "static"],
@@ -34,8 +39,7 @@ def run_cell(trace, model, cache_gb, mode, hicache_size, limit):
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if out.returncode:
         raise SystemExit(f"error: {' '.join(cmd[2:])}: {out.stderr.strip().splitlines()[-1]}")
-    caches = json.loads(out.stdout)["caches"]
-    return caches["stock"]["flops_saved_fraction"], caches["marconi"]["flops_saved_fraction"]
+    return json.loads(out.stdout)
 
 
 def main(argv=None) -> int:
@@ -51,15 +55,22 @@ def main(argv=None) -> int:
     print(f"`python scripts/gain_table.py --cache-gb {args.cache_gb:g} --hicache-size "
           f"{args.hicache_size}{f' --limit {args.limit}' if args.limit else ''}` at commit "
           f"{commit}, trace {Path(args.trace).name}: prefill FLOPs saved, one `ab` run a cell\n")
-    print(f"| model | {args.cache_gb:g} GiB per rank | stock SGLang | marconi | marconi / stock |")
-    print("|---|---|---|---|---|")
+    print(f"| model | {args.cache_gb:g} GiB per rank | stock SGLang | marconi | marconi / stock "
+          "| cache ms per request: stock (compiled core) / marconi | ghost index, host bytes |")
+    print("|---|---|---|---|---|---|---|")
     for model in [m for m in args.models.split(",") if m]:
         for mode in MODES:
-            stock, marconi = run_cell(args.trace, model, args.cache_gb, mode,
-                                      args.hicache_size, args.limit)
+            res = run_cell(args.trace, model, args.cache_gb, mode, args.hicache_size, args.limit)
+            stock, marconi = res["caches"]["stock"], res["caches"]["marconi"]
+            s, m = stock["flops_saved_fraction"], marconi["flops_saved_fraction"]
             label = mode if mode != "static + HiCache" else f"static + {args.hicache_size} GB HiCache"
-            print(f"| {model} | {label} | {stock:.2%} | {marconi:.2%} | "
-                  f"{marconi / stock if stock else float('nan'):.2f}x |", flush=True)
+            # the ghost index holds at most ghost_factor x the KV pool's token ids, 8 B each
+            ghost = GHOST_FACTOR * res["config"]["kv_tokens"] * 8
+            print(f"| {model} | {label} | {s:.2%} | {m:.2%} | "
+                  f"{m / s if s else float('nan'):.2f}x | "
+                  f"{stock['bookkeeping_ms_per_request']:.2f} / "
+                  f"{marconi['bookkeeping_ms_per_request']:.2f} | "
+                  f"{ghost / 2**20:,.0f} MiB |", flush=True)
     return 0
 
 
