@@ -1,13 +1,14 @@
-"""Real SGLang cache objects on CPU, built through SGLang's own unit-test fixtures.
+"""Real SGLang cache objects on CPU, built from SGLang's own pool classes.
 
-``build_cache`` asks ``sglang.test.kits.unified_radix_cache.fixtures.build_fixture`` for the
-pools (``HybridReqToTokenPool`` with its ``MambaPool``, ``HybridLinearKVPool`` and a token
-allocator), with three CPU adjustments: the device is "cpu", the global server args carry
-the scheduler settings the replay needs (chunk size, track interval, extra_buffer, a
-non-triton attention backend), and a paged allocator replaces the token allocator when the
-page is larger than one token (the scheduler allocates pages). The tree cache is then built
-anew on those pools with the requested class and tree core ("rust" = the compiled core
-SGLang uses by default, "python" = the reference core).
+``build_pools`` publishes the scheduler settings the replay needs (chunk size, track
+interval, strategy, a non-triton attention backend) as SGLang's server args, then builds a
+``HybridReqToTokenPool`` with its ``MambaPool`` (one SSM layer of tiny states: the replay
+never runs a forward pass, so only slot counts matter), a ``HybridLinearKVPool`` (one
+attention layer) and the token allocator (paged when the page exceeds one token, as the
+scheduler allocates pages), as SGLang's unit-test kit does (``tests/test_pools.py``
+compares the two). The tree cache is then built on those pools with the requested class
+and tree core ("rust" = the compiled core SGLang uses by default, "python" = the reference
+core).
 
 ``PoolConfig.hicache_write_policy`` adds SGLang's host tier (``--enable-hierarchical-cache``):
 ``UnifiedRadixCache.init_hicache``, exactly as the registry calls it in a server, with the
@@ -16,13 +17,11 @@ CUDA-only copy kernels replaced by ``hicache_cpu`` and, with ``hicache_storage_d
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import json
 from dataclasses import dataclass
 from typing import Optional
-from unittest import mock
 
 from sglang_marconi.driver import hicache_cpu
 from sglang_marconi.sglang_version import check_sglang_version
@@ -101,64 +100,64 @@ def _allocator_factory(page_size: int):
     return make
 
 
-def _tracking_slots(fixtures, overlap_schedule: Optional[bool]):
-    """The fixture builds ``HybridReqToTokenPool`` without ``enable_overlap_schedule`` (its
-    default, True: 2 tracking slots); pass the loop's value when one is given."""
-    if overlap_schedule is None:
-        return contextlib.nullcontext()
-    return mock.patch.object(fixtures, "HybridReqToTokenPool", functools.partial(
-        fixtures.HybridReqToTokenPool, enable_overlap_schedule=overlap_schedule))
-
-
-def cache_config(pc: PoolConfig):
-    """The test kit's ``CacheConfig`` for FULL + MAMBA pools of these sizes (tiny tensors:
-    the replay never runs a forward pass, so only slot counts matter)."""
-    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
-    from sglang.test.kits.unified_radix_cache.config import CacheConfig
-
-    if pc.page_size > 1 and not pc.extra_buffer:
-        raise ValueError("no_buffer (extra_buffer=False) needs page_size 1, as in SGLang")
-    return CacheConfig(
-        page_size=pc.page_size,
-        components=(ComponentType.FULL, ComponentType.MAMBA),
-        num_layers=2,
-        full_attention_layer_ids=(1,),
-        enable_mamba_extra_buffer=pc.extra_buffer,
-        mamba_cache_size=pc.mamba_slots,
-        mamba_intermediate_size=16,
-        mamba_num_heads=1,
-        mamba_head_dim=16,
-        mamba_state_size=8,
-        kv_size=pc.kv_tokens,
-        max_num_reqs=pc.max_running_requests,
-        max_context_len=pc.max_context_len,
-        head_num=1,
-        head_dim=1,
-    )
+# the replay's tiny model: one SSM layer (0) and one attention layer (1), the kit's sizes
+MAMBA_LAYERS, FULL_LAYERS = [0], [1]
+TINY_MAMBA = dict(intermediate_size=16, n_groups=1, num_heads=1, head_dim=16, state_size=8,
+                  conv_kernel=4)
+FLA_CHUNK = 64  # SGLang's FLA chunk: the mamba cache chunk is max(this, page) by default
 
 
 def build_pools(pc: PoolConfig):
-    """(CacheInitParams, allocator, req_to_token_pool) from SGLang's fixtures, on CPU."""
+    """(CacheInitParams, allocator, req_to_token_pool) from SGLang's pool classes, on CPU."""
     check_sglang_version()
     import torch
 
     # The replay never runs a forward pass; its small tensor ops are 100x slower with two
     # contending intra-op threads once sglang is imported (measured on 2 cores).
     torch.set_num_threads(1)
-    from sglang.test.kits.unified_radix_cache import fixtures
+    from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
+    from sglang.srt.environ import envs
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.events import KvEventLoraNames
+    from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool, HybridReqToTokenPool
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+    from sglang.srt.server_args import set_global_server_args_for_scheduler
 
-    with (
-        mock.patch.object(fixtures, "get_device", lambda *a, **k: "cpu"),
-        mock.patch.object(fixtures, "ServerArgs", _server_args_factory(pc)),
-        mock.patch.object(fixtures, "TokenToKVPoolAllocator", _allocator_factory(pc.page_size)),
-        _tracking_slots(fixtures, pc.overlap_schedule),
-    ):
-        fixture_cache, allocator, req_to_token_pool = fixtures.build_fixture(
-            cache_config(pc), tree_core_backend="python",
-            mamba_cache_chunk_size=pc.mamba_cache_chunk_size,
-        )
-    params = fixture_cache.cache_init_params
-    return params, allocator, req_to_token_pool
+    if pc.page_size > 1 and not pc.extra_buffer:
+        raise ValueError("no_buffer (extra_buffer=False) needs page_size 1, as in SGLang")
+    server_args = _server_args_factory(pc)(model_path="dummy", page_size=pc.page_size)
+    # no HF config to read the mamba chunk from: SGLang's default, max(FLA chunk, page)
+    server_args._mamba_cache_chunk_size = (max(FLA_CHUNK, pc.page_size)
+                                           if pc.mamba_cache_chunk_size is None
+                                           else pc.mamba_cache_chunk_size)
+    set_global_server_args_for_scheduler(server_args)
+    with envs.SGLANG_MAMBA_SSM_DTYPE.override("bfloat16"):
+        params = Mamba2CacheParams(shape=Mamba2StateShape.create(tp_world_size=1, **TINY_MAMBA),
+                                   layers=MAMBA_LAYERS)
+    overlap = {} if pc.overlap_schedule is None else {
+        "enable_overlap_schedule": pc.overlap_schedule}
+    req_to_token_pool = HybridReqToTokenPool(
+        size=pc.max_running_requests, mamba_size=pc.mamba_slots,
+        mamba_spec_state_size=pc.max_running_requests, max_context_len=pc.max_context_len,
+        device="cpu", enable_memory_saver=False, cache_params=params,
+        mamba_layer_ids=MAMBA_LAYERS, enable_mamba_extra_buffer=pc.extra_buffer,
+        speculative_num_draft_tokens=3, **overlap)
+    kv_pool = HybridLinearKVPool(
+        size=pc.kv_tokens, dtype=torch.bfloat16, page_size=pc.page_size, head_num=1,
+        head_dim=1, full_attention_layer_ids=FULL_LAYERS, device="cpu",
+        enable_memory_saver=False, mamba_pool=req_to_token_pool.mamba_pool)
+    allocator = _allocator_factory(pc.page_size)(pc.kv_tokens, torch.bfloat16, "cpu", kv_pool,
+                                                 False)
+    init = CacheInitParams(
+        req_to_token_pool=req_to_token_pool, token_to_kv_pool_allocator=allocator,
+        page_size=pc.page_size, disable=False, sliding_window_size=None, draft_swa_window=0,
+        decoder_swa_bounded_replay=False,
+        tree_components=(ComponentType.FULL, ComponentType.MAMBA),
+        enable_mamba_extra_buffer=pc.extra_buffer, enable_kv_cache_events=False,
+        dynamo_kv_event_format=False, kv_event_lora_names=KvEventLoraNames(),
+        enable_session_radix_cache=False, eviction_policy="lru", is_eagle=False,
+        component_registry_override=None)
+    return init, allocator, req_to_token_pool
 
 
 def build_cache(pc: PoolConfig, cache_class=None, tree_core: str = "rust",

@@ -60,12 +60,12 @@ overlap switch (``SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP``) is off, as by de
 """
 from __future__ import annotations
 
+import contextlib
 import heapq
 import types
 from collections import Counter, deque
 from dataclasses import dataclass
 from typing import List, Optional
-from unittest import mock
 
 import torch
 from sglang.srt.managers.schedule_batch import FINISH_ABORT, Req, ScheduleBatch
@@ -119,6 +119,18 @@ class SchedulerConfig:
     clients: Optional[int] = None
     overlap: bool = True     # event_loop_overlap (SGLang's default); False: event_loop_normal
 
+
+
+@contextlib.contextmanager
+def _unpinned_host_memory():
+    """CPU-only torch cannot pin host memory, which SGLang's decode preparation asks for a
+    staging tensor: the tensor is used unpinned (the CPU stand-in for a CUDA host)."""
+    pin = torch.Tensor.pin_memory
+    torch.Tensor.pin_memory = lambda t, *a, **k: t
+    try:
+        yield
+    finally:
+        torch.Tensor.pin_memory = pin
 
 @dataclass
 class RequestRecord:
@@ -600,7 +612,7 @@ class ServingScheduler:
             batch.batch_is_full = False
         if batch.is_empty():
             return batch
-        with mock.patch.object(torch.Tensor, "pin_memory", lambda t, *a, **k: t):
+        with _unpinned_host_memory():
             batch.prepare_for_decode()
         return batch
 

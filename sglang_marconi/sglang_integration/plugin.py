@@ -8,7 +8,7 @@ line, and one runs the same checks, with the same messages (a ``ValueError``), w
 validates any ``ServerArgs`` at start-up (``ServerArgs.check_server_args``, called by
 ``Engine._launch_subprocesses`` for ``sglang.Engine(...)`` and the HTTP server alike):
 the Python API selects the policy with ``radix_cache_backend="marconi"`` and the
-``SGLANG_MARCONI_*`` settings. (``ServerArgs`` is a msgspec struct: a hook on its
+``SGLANG_MARCONI_SETTINGS`` hand-over. (``ServerArgs`` is a msgspec struct: a hook on its
 ``__post_init__`` is never called.)
 """
 from __future__ import annotations
