@@ -291,7 +291,7 @@ def test_future_index_next_use():
 
 def test_bench_beyond_uses_this_tests_settings():
     """docs/beyond.md's alpha-shift section says it runs as this test does."""
-    from sglang_marconi.reports import beyond
+    from marconi_reports import beyond
 
     assert beyond.ALPHA_SHIFT_CAP == ALPHA_SHIFT_CAP
     assert beyond.FIXED_ALPHAS == FIXED_ALPHAS

@@ -1,9 +1,9 @@
-"""reports/hicache_bench.py (issue 20's grid with SGLang's HiCache): the cells, one tiny
+"""marconi_reports/hicache_bench.py (issue 20's grid with SGLang's HiCache): the cells, one tiny
 cell through the real replay with its host tier, the ratios to stock, the targets'
 PASS/MISS and the table."""
 import pytest
 
-from sglang_marconi.reports import hicache_bench
+from marconi_reports import hicache_bench
 
 
 def test_grid_puts_the_target_first_and_names_every_cell_once():

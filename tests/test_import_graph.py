@@ -28,10 +28,8 @@ LAYERS = {
     "driver": set(),
     "harness": {"model", "policy", "sim", "driver", "sglang_integration"},
     "serving": {"model", "policy", "sim", "driver", "sglang_integration", "harness"},
-    "reports": {"model", "policy", "sim", "driver", "sglang_integration", "harness",
-                "serving"},
     "cli": {"model", "policy", "sim", "exact", "driver", "sglang_integration", "harness",
-            "reports", "serving"},
+            "serving"},
 }
 FRAMEWORK_FREE = ("model", "policy", "sim")
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 from sglang_marconi.driver.sizing import sim_capacity
 from sglang_marconi.policy.stock import StockSGLangCache
 from sglang_marconi.sim.policies import build_cache, parse_policy
-from sglang_marconi.reports.formatting import table, text_table
+from marconi_reports.formatting import table, text_table
 
 TARGET_PP = 0.5         # issue 18: within 0.5 percentage points of FLOPs saved
 TARGET_IDENTICAL = 0.98  # ... and identical per-request hits for >= 98% of requests
