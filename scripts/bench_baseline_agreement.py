@@ -43,7 +43,7 @@ from marconi_reports import baseline_agreement as agreement  # noqa: E402
 from sglang_marconi.policy.stock_host import WRITE_POLICIES  # noqa: E402
 from marconi_reports import host_agreement  # noqa: E402
 from sglang_marconi.sim.traces import read_trace  # noqa: E402
-from sglang_marconi.sim.sweeps import MOONCAKE_TRACE  # noqa: E402
+from marconi_reports.sweeps import MOONCAKE_TRACE  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts" / "lib"))
 
 from marconi_reports import hicache_bench  # noqa: E402
-from sglang_marconi.sim.sweeps import MOONCAKE_TRACE  # noqa: E402
+from marconi_reports.sweeps import MOONCAKE_TRACE  # noqa: E402
 
 
 def _list(text: str) -> list:

@@ -29,7 +29,7 @@ from sglang_marconi.cli.common import parse_bytes  # noqa: E402
 from sglang_marconi.model import resolve_model  # noqa: E402
 from marconi_reports import reuse_gap  # noqa: E402
 from marconi_reports.formatting import table  # noqa: E402
-from sglang_marconi.sim.sweeps import MOONCAKE_TRACE  # noqa: E402
+from marconi_reports.sweeps import MOONCAKE_TRACE  # noqa: E402
 from sglang_marconi.sim.traces import read_trace  # noqa: E402
 
 UNBOUNDED = 10 ** 14  # bytes: more than the bundled trace ever holds

@@ -46,7 +46,7 @@ from sglang_marconi.driver.replay import Replayer  # noqa: E402
 from sglang_marconi.harness.ab import instrument_host, make_cache  # noqa: E402
 from marconi_reports import cell_runs, hicache_bench  # noqa: E402
 from sglang_marconi.sglang_integration.policy_state import MarconiPolicyState  # noqa: E402
-from sglang_marconi.sim.sweeps import MOONCAKE_TRACE  # noqa: E402
+from marconi_reports.sweeps import MOONCAKE_TRACE  # noqa: E402
 
 FULL, MAMBA = ComponentType.FULL, ComponentType.MAMBA
 

@@ -33,7 +33,7 @@ from marconi_reports.kv_pool_bound import (held_by_reuse_class, kv_pool_bound,  
                                            mooncake_blocks, reuse_intervals)
 from sglang_marconi.sim.policies import in_sglang_pools, parse_policies  # noqa: E402
 from sglang_marconi.sim.runner import run_policy  # noqa: E402
-from sglang_marconi.sim.sweeps import MOONCAKE_TRACE  # noqa: E402
+from marconi_reports.sweeps import MOONCAKE_TRACE  # noqa: E402
 from sglang_marconi.sim.traces import MOONCAKE_BLOCK, detect_format, read_trace  # noqa: E402
 
 DEFAULT_CACHES = "sglang,marconi+:materialise=sglang"

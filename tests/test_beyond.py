@@ -13,7 +13,7 @@ from sglang_marconi.policy.offline import FutureIndex, exhaustive_best, offline_
 from sglang_marconi.policy.tree import Node
 from sglang_marconi.sim.generators import generate
 from sglang_marconi.sim.policies import build_cache, parse_policy
-from sglang_marconi.sim.sweeps import phase_labels
+from marconi_reports.sweeps import phase_labels
 from sglang_marconi.sim.traces import Request
 
 SPEC = preset_spec("paper-7b")

@@ -45,7 +45,7 @@ def test_a_tiny_cell_replays_with_the_host_tier(tmp_path):
     pytest.importorskip("sglang")
     cell = {"model": "paper-7b", "device_gb": 100, "host_gb": 200,
             "policy": "write_through", "cache": "marconi+:host=lru"}
-    from sglang_marconi.sim.sweeps import MOONCAKE_TRACE
+    from marconi_reports.sweeps import MOONCAKE_TRACE
 
     if not MOONCAKE_TRACE.is_file():
         pytest.skip(f"the bundled trace is not at {MOONCAKE_TRACE}")

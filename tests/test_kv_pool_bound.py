@@ -21,7 +21,7 @@ from marconi_reports.kv_pool_bound import (held_by_reuse_class, kv_pool_bound,
                                            mooncake_blocks, reuse_intervals)
 from sglang_marconi.sim.policies import in_sglang_pools, parse_policies
 from sglang_marconi.sim.runner import run_policy
-from sglang_marconi.sim.sweeps import MOONCAKE_TRACE
+from marconi_reports.sweeps import MOONCAKE_TRACE
 from sglang_marconi.sim.traces import read_trace
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ from sglang_marconi.model.presets import paper_7b
 from marconi_reports import plots, reproduce_markdown
 from marconi_reports import reproduce as rep
 from marconi_reports.formatting import gb, pct, times
-from sglang_marconi.sim import sweeps
+from marconi_reports import sweeps
 
 ROOT = Path(__file__).resolve().parents[1]
 

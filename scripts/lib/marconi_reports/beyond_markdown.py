@@ -9,8 +9,8 @@ from pathlib import Path
 from marconi_reports.beyond import (CLEAR, FIXED_ALPHAS, MODEL, OFFLINE_TARGET,
                                            ONLINE_BOUND, TARGET_FLOOR, TARGET_RATIO)
 from marconi_reports.formatting import gb, pct, pflop, pp, table, times
-from sglang_marconi.sim import sweeps
-from sglang_marconi.sim.sweeps import model_spec
+from marconi_reports import sweeps
+from marconi_reports.sweeps import model_spec
 
 
 def write_markdown(b: dict, an: dict, path: Path, img_rel: str, command: str) -> str:

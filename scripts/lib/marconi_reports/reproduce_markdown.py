@@ -9,9 +9,9 @@ from pathlib import Path
 from marconi_reports.formatting import display_path, gb, ms, pct, rate_of, slug, table, times
 from marconi_reports.reproduce import (EFF_LENGTHS, EFF_REF, PAPER, PAPER_FOR_FAMILY,
                                               POLICIES, families, sens_models)
-from sglang_marconi.sim import sweeps
+from marconi_reports import sweeps
 from sglang_marconi.sim.runner import LONG_REQUEST
-from sglang_marconi.sim.sweeps import model_spec
+from marconi_reports.sweeps import model_spec
 
 
 def _workload_row(w, an):
