@@ -63,7 +63,7 @@ def test_one_client_zero_gaps_is_the_serial_ab(spec, requests, cache):
 @pytest.mark.parametrize("memory", ["static", "unified"])
 @pytest.mark.parametrize("cache", ["stock-python", "marconi+"])
 def test_concurrent_run_conserves_requests_and_slots(spec, requests, cache, memory):
-    from sglang_marconi.harness.invariants import check_idle, check_sizes
+    from marconi_checks.invariants import check_idle, check_sizes
     from sglang_marconi.serving.run import run_serving
 
     from array import array
