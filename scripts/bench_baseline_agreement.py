@@ -14,10 +14,10 @@ write_through_selective) behind the static pools, `ab --memory static --hicache-
 against the simulator's `sglang` with the same host tier (``policy.stock_host``), and
 marconi+ with HiCache against `marconi+:materialise=sglang` with the host tier and the
 two-tier rule (``policy.in_sglang_host``), with the host section (hits from host, bytes loaded, backups,
-evictions per tier) side by side (``reports/host_agreement.py``). Prints both FLOPs-saved
+evictions per tier) side by side (``marconi_reports/host_agreement.py``). Prints both FLOPs-saved
 fractions, their difference in percentage points, the share of requests with identical
 hits, the capacity the simulator used and the requests that differ most. Analysis:
-``sglang_marconi/reports/baseline_agreement.py``. A benchmark, not a test: exits 0 either
+``scripts/lib/marconi_reports/baseline_agreement.py``. A benchmark, not a test: exits 0 either
 way (tests/test_sglang_baseline.py holds a slice to its bounds).
 
 Usage: python scripts/bench_baseline_agreement.py [--limit N] [--model paper-7b]
@@ -35,14 +35,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts" / "lib"))
 
 from sglang_marconi.driver.sizing import size_pools  # noqa: E402
 from sglang_marconi.model import resolve_model  # noqa: E402
-from sglang_marconi.reports import baseline_agreement as agreement  # noqa: E402
+from marconi_reports import baseline_agreement as agreement  # noqa: E402
 from sglang_marconi.policy.stock_host import WRITE_POLICIES  # noqa: E402
-from sglang_marconi.reports import host_agreement  # noqa: E402
+from marconi_reports import host_agreement  # noqa: E402
 from sglang_marconi.sim.traces import read_trace  # noqa: E402
-from sglang_marconi.sim.sweeps import MOONCAKE_TRACE  # noqa: E402
+from marconi_reports.sweeps import MOONCAKE_TRACE  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -6,8 +6,8 @@ results/img/beyond_mooncake.png; docs/beyond.md summarises a run) and prints PAS
 - generators (chat, agent, shared-prompt, fork-join, 3 capacities each): marconi+ never
   more than 2% below LRU in FLOPs saved.
 
-The runs and their analysis: ``sglang_marconi/reports/beyond.py``; the markdown:
-``reports/beyond_markdown.py``; the plot: ``reports/plots.py``.
+The runs and their analysis: ``scripts/lib/marconi_reports/beyond.py``; the markdown:
+``marconi_reports/beyond_markdown.py``; the plot: ``marconi_reports/plots.py``.
 A benchmark, not a test: exits 0 either way (1 with ``--strict`` on a MISS).
 
 Usage: .venv/bin/python scripts/bench_beyond.py [--jobs 2] [--out results/beyond.md]
@@ -22,9 +22,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts" / "lib"))
 
-from sglang_marconi.reports import beyond, beyond_markdown, plots  # noqa: E402
-from sglang_marconi.reports.formatting import gb, pct, relpath, times  # noqa: E402
+from marconi_reports import beyond, beyond_markdown, plots  # noqa: E402
+from marconi_reports.formatting import gb, pct, relpath, times  # noqa: E402
 
 
 def main(argv=None) -> int:

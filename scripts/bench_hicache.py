@@ -1,7 +1,7 @@
 """Issue 20: stock vs marconi vs marconi+ with SGLang's host tier (HiCache) on the shared
 Mooncake trace: models x host sizes x write policies, 100 GB device (static split); prints
 the grid (markdown: FLOPs saved, host hits, bytes loaded, evictions per tier) and the
-targets' PASS/MISS. Runs and analysis: ``sglang_marconi/reports/hicache_bench.py``. A
+targets' PASS/MISS. Runs and analysis: ``scripts/lib/marconi_reports/hicache_bench.py``. A
 benchmark, not a test: exits 0 either way.
 
 Usage: python scripts/bench_hicache.py [--limit N] [--processes 1] [--out runs.jsonl]
@@ -17,9 +17,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts" / "lib"))
 
-from sglang_marconi.reports import hicache_bench  # noqa: E402
-from sglang_marconi.sim.sweeps import MOONCAKE_TRACE  # noqa: E402
+from marconi_reports import hicache_bench  # noqa: E402
+from marconi_reports.sweeps import MOONCAKE_TRACE  # noqa: E402
 
 
 def _list(text: str) -> list:

@@ -12,8 +12,8 @@
    request and per eviction call.
 3. The simulator's ``policy.cache.PrefixCache`` at the same sizes.
 
-How each part measures: ``sglang_marconi/reports/overhead.py``; the report:
-``reports/overhead_report.py``.
+How each part measures: ``scripts/lib/marconi_reports/overhead.py``; the report:
+``marconi_reports/overhead_report.py``.
 A benchmark, not a test: exits 0 either way (1 with ``--strict`` on a MISS).
 
 Usage: .venv/bin/python scripts/bench_overhead.py [--quick] [--limit N] [--auto] [--online]
@@ -27,9 +27,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts" / "lib"))
 
-from sglang_marconi.reports import overhead_report  # noqa: E402
-from sglang_marconi.sim.sweeps import MOONCAKE_TRACE as TRACE  # noqa: E402
+from marconi_reports import overhead_report  # noqa: E402
+from marconi_reports.sweeps import MOONCAKE_TRACE as TRACE  # noqa: E402
 
 
 def main(argv=None) -> int:

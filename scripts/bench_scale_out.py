@@ -30,9 +30,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts" / "lib"))
 
 from sglang_marconi.cli.main import main as cli_main  # noqa: E402
-from sglang_marconi.sim.sweeps import MOONCAKE_TRACE  # noqa: E402
+from marconi_reports.sweeps import MOONCAKE_TRACE  # noqa: E402
 
 COLUMNS = (("model", "model", "{}"), ("N", "replicas", "{}"), ("router", "router", "{}"),
            ("cache", "cache", "{}"), ("TTFT p50", "ttft_p50_s", "{:.3f}"),

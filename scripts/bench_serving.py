@@ -29,9 +29,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts" / "lib"))
 
-from sglang_marconi.reports import serving_grid  # noqa: E402
-from sglang_marconi.sim.sweeps import MOONCAKE_TRACE  # noqa: E402
+from marconi_reports import serving_grid  # noqa: E402
+from marconi_reports.sweeps import MOONCAKE_TRACE  # noqa: E402
 
 # the long-turn chat workload: 120 sessions of 8 turns on average (up to 30), a 2,000-token
 # system prompt, user turns of ~400 tokens, answers of ~300, contexts up to 32K tokens

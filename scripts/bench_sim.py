@@ -18,12 +18,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts" / "lib"))
 
 from sglang_marconi.cli.common import human_bytes, parse_bytes  # noqa: E402
 from sglang_marconi.model import HybridModelSpec  # noqa: E402, preset_spec
 from sglang_marconi.sim.policies import parse_policies  # noqa: E402
 from sglang_marconi.sim.runner import simulate  # noqa: E402
-from sglang_marconi.sim.sweeps import MOONCAKE_TRACE  # noqa: E402
+from marconi_reports.sweeps import MOONCAKE_TRACE  # noqa: E402
 from sglang_marconi.sim.traces import read_trace  # noqa: E402
 
 

@@ -1,7 +1,7 @@
 """Issue 11: stock vs marconi vs marconi+ in SGLang with pools sized from a byte budget,
 static (--mamba-full-memory-ratio 0.9, 0.3, 2.0) and unified (--enable-unified-memory), on
 the shared Mooncake trace; prints the tables (markdown) and the targets' PASS/MISS, writes
-the FLOPs-saved plot. Runs and analysis: ``sglang_marconi/reports/unified_bench.py`` and
+the FLOPs-saved plot. Runs and analysis: ``scripts/lib/marconi_reports/unified_bench.py`` and
 ``unified_markdown.py``. A benchmark, not a test: exits 0 either way.
 
 Usage: python scripts/bench_unified.py [--limit N] [--processes 2] [--out runs.jsonl]
@@ -15,9 +15,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts" / "lib"))
 
-from sglang_marconi.reports import unified_bench, unified_markdown  # noqa: E402
-from sglang_marconi.sim.sweeps import MOONCAKE_TRACE  # noqa: E402
+from marconi_reports import unified_bench, unified_markdown  # noqa: E402
+from marconi_reports.sweeps import MOONCAKE_TRACE  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -1,5 +1,5 @@
 """Where stock SGLang, marconi+ and the future-knowing reference lose FLOPs against a cache
-that never evicts, by reuse order and reuse distance (analysis: sglang_marconi/reports/
+that never evicts, by reuse order and reuse distance (analysis: scripts/lib/marconi_reports/
 reuse_gap.py).
 
 Every policy runs in the simulator on one byte budget (`--capacity`, decimal units, as
@@ -23,12 +23,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts" / "lib"))
 
 from sglang_marconi.cli.common import parse_bytes  # noqa: E402
 from sglang_marconi.model import resolve_model  # noqa: E402
-from sglang_marconi.reports import reuse_gap  # noqa: E402
-from sglang_marconi.reports.formatting import table  # noqa: E402
-from sglang_marconi.sim.sweeps import MOONCAKE_TRACE  # noqa: E402
+from marconi_reports import reuse_gap  # noqa: E402
+from marconi_reports.formatting import table  # noqa: E402
+from marconi_reports.sweeps import MOONCAKE_TRACE  # noqa: E402
 from sglang_marconi.sim.traces import read_trace  # noqa: E402
 
 UNBOUNDED = 10 ** 14  # bytes: more than the bundled trace ever holds

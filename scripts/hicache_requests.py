@@ -1,7 +1,7 @@
 """Issue 20, per request: where a Marconi cache with SGLang's host tier (HiCache) loses
 hits stock gets, or gains hits stock misses. A diagnosis, not a test: exits 0 either way.
 
-Replays one grid cell (``reports/hicache_bench.py``: model, 100 GB static device pools,
+Replays one grid cell (``marconi_reports/hicache_bench.py``: model, 100 GB static device pools,
 host GB, write policy) through stock (SGLang's python tree core, which ``ab``'s compiled
 stock matches hit for hit) and a Marconi cache, request by request. Before each request
 it reads, without touching the tree, what the Marconi cache holds along the request's
@@ -34,6 +34,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts" / "lib"))
 
 from sglang.srt.mem_cache.radix_cache import RadixKey  # noqa: E402
 from sglang.srt.mem_cache.unified_cache.components.base import (  # noqa: E402
@@ -43,9 +44,9 @@ from sglang.srt.mem_cache.unified_cache.components.base import (  # noqa: E402
 
 from sglang_marconi.driver.replay import Replayer  # noqa: E402
 from sglang_marconi.harness.ab import instrument_host, make_cache  # noqa: E402
-from sglang_marconi.reports import cell_runs, hicache_bench  # noqa: E402
+from marconi_reports import cell_runs, hicache_bench  # noqa: E402
 from sglang_marconi.sglang_integration.policy_state import MarconiPolicyState  # noqa: E402
-from sglang_marconi.sim.sweeps import MOONCAKE_TRACE  # noqa: E402
+from marconi_reports.sweeps import MOONCAKE_TRACE  # noqa: E402
 
 FULL, MAMBA = ComponentType.FULL, ComponentType.MAMBA
 

@@ -1,6 +1,6 @@
 """How close stock SGLang and marconi+ come to what any cache could save in SGLang's static
 KV pool: an upper bound from a linear programme that knows the future (analysis and its
-relaxations: sglang_marconi/reports/kv_pool_bound.py).
+relaxations: scripts/lib/marconi_reports/kv_pool_bound.py).
 
 The pools are sized as `ab` and `sim` size them (`--cache-gb N`, static, SGLang's default
 split, or `--kv-tokens K --mamba-slots S`); the caches (`sim` policy names) replay the same
@@ -22,17 +22,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts" / "lib"))
 
 from sglang_marconi.cli.pool_flags import (add_pool_arguments, check_pools_fit,  # noqa: E402
                                             pool_sizes, positive_int)
 from sglang_marconi.errors import UserError  # noqa: E402
 from sglang_marconi.model import resolve_model  # noqa: E402
-from sglang_marconi.reports.formatting import pct, text_table  # noqa: E402
-from sglang_marconi.reports.kv_pool_bound import (held_by_reuse_class, kv_pool_bound,  # noqa: E402
-                                                  mooncake_blocks, reuse_intervals)
+from marconi_reports.formatting import pct, text_table  # noqa: E402
+from marconi_reports.kv_pool_bound import (held_by_reuse_class, kv_pool_bound,  # noqa: E402
+                                           mooncake_blocks, reuse_intervals)
 from sglang_marconi.sim.policies import in_sglang_pools, parse_policies  # noqa: E402
 from sglang_marconi.sim.runner import run_policy  # noqa: E402
-from sglang_marconi.sim.sweeps import MOONCAKE_TRACE  # noqa: E402
+from marconi_reports.sweeps import MOONCAKE_TRACE  # noqa: E402
 from sglang_marconi.sim.traces import MOONCAKE_BLOCK, detect_format, read_trace  # noqa: E402
 
 DEFAULT_CACHES = "sglang,marconi+:materialise=sglang"

@@ -2,9 +2,9 @@
 simulator, and write results/results.md plus PNG plots in results/img/ (under the
 repository root; docs/results.md summarises a run).
 
-The sweep and its analysis: ``sglang_marconi/reports/reproduce.py``; the markdown:
-``reports/reproduce_markdown.py``; the plots: ``reports/plots.py``. Every number in the
-markdown is computed by this run; every table names the command.
+The sweep and its analysis: ``scripts/lib/marconi_reports/reproduce.py``; the markdown:
+``marconi_reports/reproduce_markdown.py``; the plots: ``marconi_reports/plots.py``. Every
+number in the markdown is computed by this run; every table names the command.
 
 Usage: .venv/bin/python scripts/reproduce.py [--quick | --tiny] [--jobs 2]
        [--out results/results.md] [--img results/img] [--arch qwen3_next] [--mooncake PATH]
@@ -18,10 +18,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts" / "lib"))
 
-from sglang_marconi.reports import plots, reproduce_markdown  # noqa: E402
-from sglang_marconi.reports.formatting import pct, relpath, times  # noqa: E402
-from sglang_marconi.reports.reproduce import analyze, make_config, run_sweep  # noqa: E402
+from marconi_reports import plots, reproduce_markdown  # noqa: E402
+from marconi_reports.formatting import pct, relpath, times  # noqa: E402
+from marconi_reports.reproduce import analyze, make_config, run_sweep  # noqa: E402
 
 
 def main(argv=None) -> int:

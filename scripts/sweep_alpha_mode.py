@@ -1,7 +1,7 @@
 """Sweep: the SGLang cache's FLOPs saved per alpha mode (fixed, auto, online) against stock,
 over state-pool sizes and traces, and the default the evidence picks (issue 13).
 
-Logic: ``sglang_marconi/reports/alpha_sweep.py``. Each cell is one CPU A/B replay; cells
+Logic: ``scripts/lib/marconi_reports/alpha_sweep.py``. Each cell is one CPU A/B replay; cells
 run in a process pool (``--workers``, 2 by default). ``--limit`` replays the first N
 requests of each trace (label the result with it).
 
@@ -17,9 +17,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts" / "lib"))
 
-from sglang_marconi.reports import alpha_sweep  # noqa: E402
-from sglang_marconi.sim.sweeps import MOONCAKE_TRACE  # noqa: E402
+from marconi_reports import alpha_sweep  # noqa: E402
+from marconi_reports.sweeps import MOONCAKE_TRACE  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -6,7 +6,7 @@ import json
 from contextlib import redirect_stdout
 
 from sglang_marconi.cli import ab as ab_cli
-from sglang_marconi.reports import baseline_agreement
+from marconi_reports import baseline_agreement
 from sglang_marconi.sim.generators import generate
 from sglang_marconi.sim.traces import write_sessions
 

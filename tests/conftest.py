@@ -10,9 +10,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 MOONCAKE = ROOT.parent / "shared" / "traces" / "mooncake" / "synthetic_trace.jsonl"
 
-# the tests' helper modules (``parity_harness``) import by name under any --import-mode
-if str(ROOT / "tests") not in sys.path:
-    sys.path.insert(0, str(ROOT / "tests"))
+# the tests' helper modules (``parity_harness``) import by name under any --import-mode,
+# and so does the scripts' library (scripts/lib: ``marconi_reports``, ``marconi_checks``),
+# which is not installed
+for _path in (ROOT / "tests", ROOT / "scripts" / "lib"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 
 @pytest.fixture(scope="session")

@@ -76,7 +76,7 @@ from sglang.srt.mem_cache.unified_cache.components.base import ComponentType  # 
 from sglang_marconi.driver.pools import PoolConfig, build_cache  # noqa: E402
 from sglang_marconi.driver.replay import Replayer, ReplayRequest  # noqa: E402
 from sglang_marconi.driver.unified_pools import build_unified_cache  # noqa: E402
-from sglang_marconi.harness.invariants import check_idle, walk  # noqa: E402
+from marconi_checks.invariants import check_idle, walk  # noqa: E402
 from sglang_marconi.model import preset_spec  # noqa: E402
 from sglang_marconi.policy.cache import PrefixCache  # noqa: E402
 from sglang_marconi.policy.ghost import GhostIndex  # noqa: E402

@@ -6,9 +6,9 @@ queue, and aborts while waiting, during a chunked prefill, while decoding and af
 retraction, following ``Scheduler.abort_request`` / ``release_req``
 (``sglang.test.kits.abort_timeout_kit`` exercises the same paths on a server).
 
-After every step SGLang's size invariants hold (``harness.invariants.check_sizes``) and no
-released request keeps an admission plan; at teardown every request still alive is aborted
-and then: no lock, every KV and state slot free or held by the tree (``check_idle``), and
+After every step SGLang's size invariants hold (``marconi_checks.invariants.check_sizes``)
+and no released request keeps an admission plan; at teardown every request still alive is
+aborted and then: no lock, every KV and state slot free or held by the tree (``check_idle``), and
 no admission plan reachable (``policy.live_plans``).
 
 CI budget: ``MAX_EXAMPLES`` x ``STEPS`` below (about 40 s on 2 cores). The long run
@@ -42,7 +42,7 @@ from hypothesis.stateful import (  # noqa: E402
 
 from sglang_marconi.driver.pools import PoolConfig, build_cache  # noqa: E402
 from sglang_marconi.driver.replay import Replayer  # noqa: E402
-from sglang_marconi.harness.invariants import (  # noqa: E402
+from marconi_checks.invariants import (  # noqa: E402
     check_idle,
     check_sizes,
     guard_locked_evictions,

@@ -1,6 +1,6 @@
-"""The alpha-mode sweep's rule (``reports.alpha_sweep.choose``): among the modes never more
+"""The alpha-mode sweep's rule (``marconi_reports.alpha_sweep.choose``): among the modes never more
 than 2% below stock in any cell, the best on average; its markdown names the command."""
-from sglang_marconi.reports.alpha_sweep import choose, markdown
+from marconi_reports.alpha_sweep import choose, markdown
 
 
 def rows(table):

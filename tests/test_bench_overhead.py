@@ -1,4 +1,4 @@
-"""The cache bookkeeping benchmark (reports.overhead, reports.overhead_report) on a tiny
+"""The cache bookkeeping benchmark (marconi_reports.overhead, .overhead_report) on a tiny
 configuration: every part runs and reports numbers that are positive and consistent with
 each other (no timing thresholds); scripts/bench_overhead.py run once, tiny."""
 import json
@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("sglang")
 
-from sglang_marconi.reports import overhead as bench  # noqa: E402
-from sglang_marconi.reports.overhead_report import (format_replay, format_scaling,  # noqa: E402
-                                                    format_sim)
+from marconi_reports import overhead as bench  # noqa: E402
+from marconi_reports.overhead_report import (format_replay, format_scaling,  # noqa: E402
+                                             format_sim)
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT = 24

@@ -13,7 +13,7 @@ from sglang_marconi.policy.offline import FutureIndex, exhaustive_best, offline_
 from sglang_marconi.policy.tree import Node
 from sglang_marconi.sim.generators import generate
 from sglang_marconi.sim.policies import build_cache, parse_policy
-from sglang_marconi.sim.sweeps import phase_labels
+from marconi_reports.sweeps import phase_labels
 from sglang_marconi.sim.traces import Request
 
 SPEC = preset_spec("paper-7b")
@@ -291,7 +291,7 @@ def test_future_index_next_use():
 
 def test_bench_beyond_uses_this_tests_settings():
     """docs/beyond.md's alpha-shift section says it runs as this test does."""
-    from sglang_marconi.reports import beyond
+    from marconi_reports import beyond
 
     assert beyond.ALPHA_SHIFT_CAP == ALPHA_SHIFT_CAP
     assert beyond.FIXED_ALPHAS == FIXED_ALPHAS

@@ -99,7 +99,7 @@ class LoadCheckingRouter:
 
 
 def test_router_sees_true_in_flight_counts_and_everything_is_served(spec, trace_requests):
-    from sglang_marconi.harness.invariants import check_idle
+    from marconi_checks.invariants import check_idle
     from sglang_marconi.serving.cluster import (build_cluster, cluster_arrivals,
                                                 summarize_cluster)
 

@@ -1,9 +1,9 @@
-"""reports/hicache_bench.py (issue 20's grid with SGLang's HiCache): the cells, one tiny
+"""marconi_reports/hicache_bench.py (issue 20's grid with SGLang's HiCache): the cells, one tiny
 cell through the real replay with its host tier, the ratios to stock, the targets'
 PASS/MISS and the table."""
 import pytest
 
-from sglang_marconi.reports import hicache_bench
+from marconi_reports import hicache_bench
 
 
 def test_grid_puts_the_target_first_and_names_every_cell_once():
@@ -45,7 +45,7 @@ def test_a_tiny_cell_replays_with_the_host_tier(tmp_path):
     pytest.importorskip("sglang")
     cell = {"model": "paper-7b", "device_gb": 100, "host_gb": 200,
             "policy": "write_through", "cache": "marconi+:host=lru"}
-    from sglang_marconi.sim.sweeps import MOONCAKE_TRACE
+    from marconi_reports.sweeps import MOONCAKE_TRACE
 
     if not MOONCAKE_TRACE.is_file():
         pytest.skip(f"the bundled trace is not at {MOONCAKE_TRACE}")

@@ -1,6 +1,7 @@
 """The package's import graph has no cycle, function-level imports included, and keeps its
 layers: the framework-free parts import neither torch nor sglang, and no folder imports a
-folder above it.
+folder above it. Every module of the package is one users run: reached from a command, the
+console script or the SGLang plugin (what only scripts or tests use lives in scripts/lib).
 
 Edges come from every ``import`` / ``from ... import`` statement in the source (read with
 ``ast``, wherever the statement stands). ``from pkg import name`` is an edge to ``pkg.name``
@@ -9,11 +10,13 @@ when that is a module of the package, else to ``pkg``.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "sglang_marconi"
+SETUP = PACKAGE.parent / "setup.py"
 ROOT = PACKAGE.name
 
 # folder -> the folders (and top-level modules) it may import; every folder may import
@@ -28,10 +31,8 @@ LAYERS = {
     "driver": set(),
     "harness": {"model", "policy", "sim", "driver", "sglang_integration"},
     "serving": {"model", "policy", "sim", "driver", "sglang_integration", "harness"},
-    "reports": {"model", "policy", "sim", "driver", "sglang_integration", "harness",
-                "serving"},
     "cli": {"model", "policy", "sim", "exact", "driver", "sglang_integration", "harness",
-            "reports", "serving"},
+            "serving"},
 }
 FRAMEWORK_FREE = ("model", "policy", "sim")
 
@@ -134,3 +135,44 @@ def test_framework_free_parts(top):
             continue
         heavy = {m.split(".")[0] for m in imports_of(path, known)} & {"torch", "sglang"}
         assert not heavy, f"{name} imports {sorted(heavy)}"
+
+
+def entry_points() -> set:
+    """The modules users run: every command of ``cli/main.py``'s ``COMMANDS``, the entry
+    points of setup.py (the console script, the SGLang plugin), ``python -m sglang_marconi``
+    and ``python -m sglang_marconi.launch_server``."""
+    tree = ast.parse((PACKAGE / "cli" / "main.py").read_text(encoding="utf-8"))
+    commands = next(node.value for node in tree.body if isinstance(node, ast.Assign)
+                    and any(getattr(t, "id", None) == "COMMANDS" for t in node.targets))
+    roots = {module for module, _ in ast.literal_eval(commands).values()}
+    roots |= set(re.findall(r"(sglang_marconi[\w.]*):\w+", SETUP.read_text(encoding="utf-8")))
+    return roots | {f"{ROOT}.__main__", f"{ROOT}.launch_server"}
+
+
+def reached(edges: dict, roots: set) -> set:
+    """Every module ``roots`` import, transitively, with the packages that hold them."""
+    seen, stack = set(), list(roots)
+    while stack:
+        module = stack.pop()
+        if module in seen or module not in edges:
+            continue
+        seen.add(module)
+        stack.extend(edges[module])
+        parts = module.split(".")
+        stack.extend(".".join(parts[:i]) for i in range(1, len(parts)))
+    return seen
+
+
+def test_reached_follows_imports_and_parents():
+    edges = {"p": set(), "p.a": {"p.b"}, "p.b": set(), "p.c": set()}
+    assert reached(edges, {"p.a"}) == {"p", "p.a", "p.b"}
+
+
+def test_every_module_is_one_users_run():
+    edges = graph()
+    roots = entry_points()
+    assert {f"{ROOT}.cli.sim", f"{ROOT}.sglang_integration.plugin", f"{ROOT}.cli"} <= roots
+    assert roots <= set(edges), f"entry points not in the package: {sorted(roots - set(edges))}"
+    unused = sorted(set(edges) - reached(edges, roots))
+    assert not unused, ("modules no command, console script or plugin imports (scripts/lib "
+                        "holds what only scripts and tests use):\n" + "\n".join(unused))

@@ -1,5 +1,5 @@
-"""reports/kv_pool_bound.py and scripts/kv_pool_bound.py: the linear programme's upper bound
-on what any cache saves in a KV pool of K tokens.
+"""marconi_reports/kv_pool_bound.py and scripts/kv_pool_bound.py: the linear programme's
+upper bound on what any cache saves in a KV pool of K tokens.
 
 Checked: a hand-built trace whose optimum is summed by hand (the pool, the prefix rule and
 the input - 1 cap each decide a term); on the bundled trace the bound lies between every
@@ -17,11 +17,11 @@ import pytest
 
 from hand_costs import LinearCost, SquareCost
 from sglang_marconi.model import resolve_model
-from sglang_marconi.reports.kv_pool_bound import (held_by_reuse_class, kv_pool_bound,
-                                                  mooncake_blocks, reuse_intervals)
+from marconi_reports.kv_pool_bound import (held_by_reuse_class, kv_pool_bound,
+                                           mooncake_blocks, reuse_intervals)
 from sglang_marconi.sim.policies import in_sglang_pools, parse_policies
 from sglang_marconi.sim.runner import run_policy
-from sglang_marconi.sim.sweeps import MOONCAKE_TRACE
+from marconi_reports.sweeps import MOONCAKE_TRACE
 from sglang_marconi.sim.traces import read_trace
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -20,7 +20,7 @@ from sglang_marconi.model import preset_spec
 from sglang_marconi.policy.in_sglang_host import MarconiHiCache
 from sglang_marconi.policy.likelihood import ReuseWeight
 from sglang_marconi.policy.stock_host import HostPools
-from sglang_marconi.reports import baseline_agreement, host_agreement
+from marconi_reports import baseline_agreement, host_agreement
 from sglang_marconi.sim.traces import read_trace
 
 

@@ -20,7 +20,7 @@ from sglang_marconi.driver.sizing import size_pools
 from sglang_marconi.errors import UserError
 from sglang_marconi.model import preset_spec
 from sglang_marconi.policy.admission import SGLangGrids, plan_marconi_in_sglang
-from sglang_marconi.reports import baseline_agreement as agreement
+from marconi_reports import baseline_agreement as agreement
 from sglang_marconi.sim.policies import build_cache, parse_policy
 from sglang_marconi.sim.traces import read_trace
 

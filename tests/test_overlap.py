@@ -272,7 +272,7 @@ def test_overlap_loop_invariants_with_retraction_and_aborts(spec, cache, memory,
     from array import array
 
     from sglang_marconi.driver.replay import ReplayRequest
-    from sglang_marconi.harness.invariants import check_idle, check_sizes
+    from marconi_checks.invariants import check_idle, check_sizes
     from sglang_marconi.serving.run import run_serving
 
     # one request every 0.5 s, admitted on arrival: an abort 4-12 ms in lands in its
@@ -346,7 +346,7 @@ def check_slot_conservation(sched) -> dict:
     and ping-pong slots), and every request row in use belongs to a request the scheduler
     still holds (no leak, no double ownership between free and used). Static pools list
     their free pages and slots; the unified buffer's sub-allocators give counts."""
-    from sglang_marconi.harness.invariants import FULL, MAMBA, walk
+    from marconi_checks.invariants import FULL, MAMBA, walk
 
     cache = sched.cache
     alloc, rtp = cache.token_to_kv_pool_allocator, cache.req_to_token_pool

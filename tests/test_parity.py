@@ -19,7 +19,7 @@ import pytest
 
 pytest.importorskip("sglang")
 
-from sglang_marconi.harness.invariants import walk  # noqa: E402
+from marconi_checks.invariants import walk  # noqa: E402
 from sglang_marconi.policy.cache import PrefixCache  # noqa: E402
 from sglang_marconi.policy.ghost import GhostIndex  # noqa: E402
 from sglang_marconi.policy.ranking import ranked_efficiency  # noqa: E402

@@ -19,7 +19,7 @@ through the scheduler's calls (``driver.replay``). Every check below runs on eve
 - the cache stays within its budget (simulator: bytes; SGLang: pool slots) while the budget
   binds (it evicts), and an unbounded cache evicts nothing;
 - the cache's invariants hold after every request (simulator: ``RadixTree.check``; SGLang:
-  ``harness.invariants.check_idle``: sizes, locks, leaks, Marconi's victim queues);
+  ``marconi_checks.invariants.check_idle``: sizes, locks, leaks, Marconi's victim queues);
 - the same request stream through two fresh caches gives the same hits and evictions.
 """
 from __future__ import annotations
@@ -167,12 +167,12 @@ class SGLangDriver:
         return outcome.hit_len
 
     def check(self) -> None:
-        from sglang_marconi.harness.invariants import check_idle
+        from marconi_checks.invariants import check_idle
 
         check_idle(self.cache)
 
     def check_budget(self) -> None:
-        from sglang_marconi.harness.invariants import tree_holdings
+        from marconi_checks.invariants import tree_holdings
 
         kv_slots, state_slots = self.budget
         held = tree_holdings(self.cache)

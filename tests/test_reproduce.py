@@ -1,4 +1,4 @@
-"""reports.reproduce on a tiny sweep: the markdown and the plots are written, and the
+"""marconi_reports.reproduce on a tiny sweep: the markdown and the plots are written, and the
 numbers in the markdown are the ones the replays returned (recomputed here from the raw
 records, nothing hard-coded); scripts/reproduce.py run once on the same sweep."""
 import math
@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from sglang_marconi.model.presets import paper_7b
-from sglang_marconi.reports import plots, reproduce_markdown
-from sglang_marconi.reports import reproduce as rep
-from sglang_marconi.reports.formatting import gb, pct, times
-from sglang_marconi.sim import sweeps
+from marconi_reports import plots, reproduce_markdown
+from marconi_reports import reproduce as rep
+from marconi_reports.formatting import gb, pct, times
+from marconi_reports import sweeps
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,9 +1,9 @@
-"""reports/reuse_gap.py (scripts/gap_to_offline.py): reuse order and distance per request,
+"""marconi_reports/reuse_gap.py (scripts/gap_to_offline.py): reuse order and distance per request,
 and the loss table against the never-evicting ceiling."""
 import numpy as np
 import pytest
 
-from sglang_marconi.reports import reuse_gap
+from marconi_reports import reuse_gap
 
 
 def test_classify_reuse_order_and_new_tokens_since_the_previous_use():

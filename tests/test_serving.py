@@ -63,7 +63,7 @@ def test_one_client_zero_gaps_is_the_serial_ab(spec, requests, cache):
 @pytest.mark.parametrize("memory", ["static", "unified"])
 @pytest.mark.parametrize("cache", ["stock-python", "marconi+"])
 def test_concurrent_run_conserves_requests_and_slots(spec, requests, cache, memory):
-    from sglang_marconi.harness.invariants import check_idle, check_sizes
+    from marconi_checks.invariants import check_idle, check_sizes
     from sglang_marconi.serving.run import run_serving
 
     from array import array
@@ -189,7 +189,7 @@ def test_cli_json_plot_and_bad_input(mooncake_path, tmp_path):
 
 
 def test_report_verdicts_and_markdown():
-    from sglang_marconi.reports import serving_report
+    from marconi_reports import serving_report
 
     def run(cache, load, p95):
         return {"cache": cache, "load": load, "ttft_p50_s": 0.1, "ttft_p95_s": p95,
@@ -227,7 +227,7 @@ def test_poisson_arrivals_are_seeded_and_keep_the_load(spec, requests):
 
 
 def test_grid_rows_medians_ratios_and_verdicts():
-    from sglang_marconi.reports import serving_grid
+    from marconi_reports import serving_grid
 
     def run(cache, load, p95):
         return {"cache": cache, "load": load, "ttft_p50_s": p95 / 4, "ttft_p95_s": p95,
@@ -261,7 +261,7 @@ def test_grid_rows_leave_crashed_servers_out_and_say_so():
     """A seed whose server SGLang crashed: its figures are left out of the medians and of
     the ratios (stock's crash takes that seed's ratios with it), the row counts it, and a
     Marconi cache that crashed fails the grid."""
-    from sglang_marconi.reports import serving_grid
+    from marconi_reports import serving_grid
 
     def run(cache, p95, crashed=None):
         return {"cache": cache, "load": 0.95, "ttft_p50_s": 1.0, "ttft_p95_s": p95,

@@ -56,7 +56,7 @@ def _setup(overlap: bool, pcie_bytes_s: float = 64e9, l3: bool = False):
 
 def _stamping(reqs):
     """``on_launch``: the forward's KV writes, as token stamps (``TokenKV``)."""
-    from sglang_marconi.harness.host_invariants import TokenKV
+    from marconi_checks.host_invariants import TokenKV
 
     sequences = {r.rid: list(r.input_ids) + list(r.output_ids) for r in reqs}
     writer = {}
@@ -84,8 +84,8 @@ def _serve(cache, overlap, **setup):
 @pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "normal"])
 @pytest.mark.parametrize("cache", ["stock-python", "marconi+"])
 def test_load_backs_on_the_clock_and_both_tiers_clean(cache, overlap):
-    from sglang_marconi.harness.host_invariants import check_host_idle
-    from sglang_marconi.harness.invariants import check_idle
+    from marconi_checks.host_invariants import check_host_idle
+    from marconi_checks.invariants import check_idle
 
     fast, fast_sched = _serve(cache, overlap)
     slow, slow_sched = _serve(cache, overlap, pcie_bytes_s=SLOW_LINK)
@@ -130,7 +130,7 @@ def test_load_backs_on_the_clock_and_both_tiers_clean(cache, overlap):
 def test_l3_file_store_run():
     """--hicache-storage-backend file: the prefetch on arrival and the backups run (SGLang's
     storage threads, a temporary directory), and both tiers end clean."""
-    from sglang_marconi.harness.host_invariants import check_host_idle
+    from marconi_checks.host_invariants import check_host_idle
 
     run, sched = _serve("marconi+", True, l3=True)
     assert run["finished"] == 16 and run["host"]["hit_tokens"] > 0

@@ -19,7 +19,7 @@ from sglang_marconi.cli import ab as ab_cli
 from sglang_marconi.cli import sim as sim_cli
 from sglang_marconi.driver.sizing import size_pools
 from sglang_marconi.model import preset_spec
-from sglang_marconi.reports import baseline_agreement as agreement
+from marconi_reports import baseline_agreement as agreement
 from sglang_marconi.sim.generators import generate
 from sglang_marconi.sim.traces import read_trace, write_sessions
 

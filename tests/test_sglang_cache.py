@@ -13,7 +13,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from sglang_marconi.model import preset_spec  # noqa: E402
 from sglang_marconi.sglang_integration.cache import MarconiUnifiedRadixCache  # noqa: E402
-from sglang_marconi.harness.invariants import (  # noqa: E402
+from marconi_checks.invariants import (  # noqa: E402
     check_idle,
     check_sizes,
     guard_locked_evictions,
@@ -136,7 +136,7 @@ def test_abort_mid_chunked_prefill_releases_everything(pc):
 
 
 def _holdings(cache):
-    from sglang_marconi.harness.invariants import tree_holdings
+    from marconi_checks.invariants import tree_holdings
 
     h = tree_holdings(cache)
     return h["kv"], h["states"]

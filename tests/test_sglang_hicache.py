@@ -24,14 +24,14 @@ from hypothesis.stateful import (  # noqa: E402
 from sglang_marconi.driver import host_tier  # noqa: E402
 from sglang_marconi.driver.pools import PoolConfig, build_cache  # noqa: E402
 from sglang_marconi.driver.replay import Replayer, ReplayRequest  # noqa: E402
-from sglang_marconi.harness.host_invariants import (  # noqa: E402
+from marconi_checks.host_invariants import (  # noqa: E402
     TokenKV,
     check_host_idle,
     host_pools,
     kv_stamp,
     storage_files,
 )
-from sglang_marconi.harness.invariants import (  # noqa: E402
+from marconi_checks.invariants import (  # noqa: E402
     check_idle,
     guard_locked_evictions,
     walk,

@@ -17,7 +17,7 @@ pytest.importorskip("sglang")
 from sglang_marconi.model import preset_spec  # noqa: E402
 from sglang_marconi.sglang_integration.cache import MarconiUnifiedRadixCache  # noqa: E402
 from sglang_marconi.sglang_integration.components import FULL, MAMBA  # noqa: E402
-from sglang_marconi.harness.invariants import check_idle  # noqa: E402
+from marconi_checks.invariants import check_idle  # noqa: E402
 from sglang_marconi.sglang_integration.options import (  # noqa: E402
     MarconiSettings,
     add_cli_args,

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from sglang_marconi.driver.pools import PoolConfig  # noqa: E402
 from sglang_marconi.driver.replay import Replayer, ReplayRequest  # noqa: E402
 from sglang_marconi.driver.unified_pools import UnifiedConfig, build_unified_cache  # noqa: E402
-from sglang_marconi.harness.invariants import (  # noqa: E402
+from marconi_checks.invariants import (  # noqa: E402
     check_idle,
     check_joint_build,
     fresh_joint_rows,
@@ -74,7 +74,7 @@ def test_the_pool_is_sglangs_unified_buffer():
 def test_alpha_zero_makes_stocks_decisions(specs):
     """alpha 0 (LRU) takes SGLang's own evict_for_alloc: hit by hit, and what the trees
     hold, the same as stock UnifiedRadixCache on the same unified buffer."""
-    from sglang_marconi.harness.invariants import tree_holdings
+    from marconi_checks.invariants import tree_holdings
 
     requests = to_requests(specs)
     stock = unified_cache()

@@ -24,7 +24,7 @@ from sglang_marconi.driver.sizing import size_pools
 from sglang_marconi.errors import UserError
 from sglang_marconi.policy.stock import StockSGLangCache
 from sglang_marconi.policy.stock_host import HostPools, StockHiCache
-from sglang_marconi.reports import baseline_agreement, host_agreement
+from marconi_reports import baseline_agreement, host_agreement
 from sglang_marconi.sim.traces import read_trace
 
 SEGMENT = 1024  # tokens of each request's own prefix: 16 pages

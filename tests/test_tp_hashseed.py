@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_ranks_in_processes_with_different_hash_seeds_agree():
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests"),
+                                                       str(ROOT / "scripts" / "lib")]))
     procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "tp_rank_probe.py")],
                               env=dict(env, PYTHONHASHSEED=seed), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, cwd=ROOT)

@@ -1,4 +1,4 @@
-"""reports/unified_bench.py and unified_markdown.py (issue 11's benchmark): the grid, one
+"""marconi_reports/unified_bench.py and unified_markdown.py (issue 11's benchmark): the grid, one
 tiny cell through the real replay, the analysis and its PASS/MISS, the table, the plot."""
 import subprocess
 import sys
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_marconi.reports import unified_bench, unified_markdown
+from marconi_reports import unified_bench, unified_markdown
 
 REPO = Path(__file__).resolve().parents[1]
 

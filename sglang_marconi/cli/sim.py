@@ -9,9 +9,9 @@ from sglang_marconi.cli.common import (add_model_arguments, human_bytes, human_f
 from sglang_marconi.cli.host_flags import add_host_arguments, host_enabled
 from sglang_marconi.cli.pool_flags import (add_pool_arguments, check_pools_fit, pool_sizes,
                                            pool_summary)
+from sglang_marconi.driver.sizing import sim_capacity
 from sglang_marconi.errors import UserError
 from sglang_marconi.policy.stock_host import WRITE_POLICIES
-from sglang_marconi.reports.baseline_agreement import sim_capacity
 from sglang_marconi.sim.generators import generate
 from sglang_marconi.sim.latency import LatencyModel
 from sglang_marconi.sim.plots import plot_runs
@@ -56,7 +56,7 @@ def add_arguments(parser) -> None:
 def sglang_pools(args, spec, policies, trace):
     """``--cache-gb`` / ``--kv-tokens``: the pools ``ab`` builds (at SGLang's default page of
     64 tokens), as (policies run on them, [the budget], their summary); None without those
-    flags. Unified: the buffer's bytes (``reports.baseline_agreement.sim_capacity``); static:
+    flags. Unified: the buffer's bytes (``driver.sizing.sim_capacity``); static:
     the two pools (the budget is then None). Pools ``ab`` would refuse for ``trace`` are
     refused."""
     if (args.cache_gb is None and args.kv_tokens is None and args.mamba_slots is None

@@ -1,10 +1,10 @@
 """Timing primitives for the cache bookkeeping measurements: ``quantile``, the nearest-rank
 quantile of per-request times (the A/B's columns in ``harness.ab`` and the benchmark in
-``reports.overhead``), ``EvictTimer``, which wraps a cache's ``_evict`` to count and
-time its eviction calls, and ``GCPauses``, which measures the garbage collector's pauses
-so that a cache's own time can be told from the collections of the replay's heap. A leaf:
-it imports nothing of the package, so ``harness.ab``, serve-sim and the benchmark can all
-use it."""
+``scripts/lib/marconi_reports/overhead.py``), ``EvictTimer``, which wraps a cache's
+``_evict`` to count and time its eviction calls, and ``GCPauses``, which measures the
+garbage collector's pauses so that a cache's own time can be told from the collections of
+the replay's heap. A leaf: it imports nothing of the package, so ``harness.ab``, serve-sim
+and the benchmark can all use it."""
 from __future__ import annotations
 
 import gc

@@ -65,12 +65,6 @@ PRESET_OVERRIDES = {
 PRESETS = ["paper-7b", *ARCH_PRESETS]
 
 
-def available_arch_presets() -> list[str]:
-    import transformers
-
-    return [name for name, cls in ARCH_PRESETS.items() if hasattr(transformers, cls)]
-
-
 def preset_config(name: str):
     """The transformers config object a preset is built from."""
     import transformers

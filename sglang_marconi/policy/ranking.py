@@ -81,8 +81,8 @@ def weighted_efficiency(flops_saved: float, freed_bytes: float, node,
     """``ranked_efficiency`` of a node with a state from the FLOPs its hit saves:
     ``scoring.flop_efficiency``'s quotient, times ``weight(node)`` when given and the
     quotient is not 0. (Inlined, with ``freed_bytes``, in the unified joint walk's build,
-    ``sglang_integration.unified.joint_rows``; ``harness.invariants.check_joint_build``
-    holds the two equal.)"""
+    ``sglang_integration.unified.joint_rows``; ``check_joint_build`` of
+    ``scripts/lib/marconi_checks/invariants.py`` holds the two equal.)"""
     e = per_byte(flops_saved, freed_bytes)
     return e * weight(node) if weight is not None and e else e
 

@@ -2,10 +2,10 @@
 
 Modules: ``options`` (server flags), ``plugin`` (entry point), ``backend`` (radix-cache
 factory), ``cache`` / ``components`` / ``policy_state`` (the Marconi cache), ``shadow``
-(alpha tuning replays), ``stats`` (metrics). The CPU harness that drives it (A/B,
-invariants) is ``sglang_marconi.harness``; the pools and the scheduler's call sequence it
-runs on are ``sglang_marconi.driver``. Importing this package checks the installed sglang
-version first."""
+(alpha tuning replays), ``stats`` (metrics). The CPU harness that drives it (A/B) is
+``sglang_marconi.harness`` (the invariants the tests check: ``scripts/lib/marconi_checks``);
+the pools and the scheduler's call sequence it runs on are ``sglang_marconi.driver``.
+Importing this package checks the installed sglang version first."""
 from sglang_marconi.sglang_version import (
     SUPPORTED_SGLANG_VERSION,
     SGLangVersionError,

@@ -31,7 +31,7 @@ FLOP efficiency, of the states below it down to the next state: they are re-keye
 (``rekey_state_change``). Token depths are cached on the node (a node's end depth never
 changes: a split inserts a new parent and keeps the child's end), and so is a state's
 nearest checkpointed ancestor's depth (``cached_state_depth``: forgotten where
-``rekey_state_change`` runs, checked against a fresh walk by ``harness.invariants``).
+``rekey_state_change`` runs, checked against a fresh walk by ``marconi_checks.invariants``).
 marconi+'s leaf-set hook (``children_changed``, on every lock and unlock along a path)
 re-keys a state only when its reuse weight moved. The min-max bounds of
 the normalisation are refreshed over the current candidates at the start of every walk

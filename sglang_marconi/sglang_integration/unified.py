@@ -19,8 +19,9 @@ persistent queues' mode and alpha. The walk-local queue is built from the two pe
 queues' live candidates at the start of a joint walk (``joint_rows``: O(n log n) once per
 walk, one heap build, no tree walk: a state's nearest checkpointed ancestor and the FLOPs a
 hit saves over it are kept on its node, ``components.cached_state_depth`` and
-``cached_flops_saved``; ``harness.invariants.check_joint_build`` compares a build with a
-fresh computation), and a parent that becomes an evictable leaf joins it.
+``cached_flops_saved``; ``marconi_checks.invariants.check_joint_build``, in scripts/lib,
+compares a build with a fresh computation), and a parent that becomes an evictable leaf
+joins it.
 
 What stays SGLang's: Mamba slot ids are a separate resource ("Full KV can supply bytes but
 cannot recycle Mamba virtual IDs"): a slot-id shortfall is met first by the stock MAMBA
@@ -110,7 +111,7 @@ def joint_rows(cache, bases: dict) -> list:
     ``bases``' order). The same values as those two functions, with what is common to
     every candidate read once and the per-candidate rules inlined (``freed_bytes``,
     ``per_byte`` and ``weighted_efficiency``'s arithmetic in the same order, so the same
-    floats; ``harness.invariants.check_joint_build`` compares a build with a fresh
+    floats; ``marconi_checks.invariants.check_joint_build`` compares a build with a fresh
     computation): a build ranks about 600 candidates, once per state-slot allocation on a
     full buffer, and was most of the longest steps' cache time and, for marconi+, a third
     of its cache time on a whole trace."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
-from sglang_marconi.reports.formatting import pct, table, times
+from marconi_reports.formatting import pct, table, times
 
 WORST_RATIO = 1.02
 TARGET_LOAD = 0.8

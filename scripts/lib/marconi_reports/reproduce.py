@@ -19,9 +19,9 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from sglang_marconi.sim import sweeps
+from marconi_reports import sweeps
 from sglang_marconi.sim.runner import LONG_REQUEST
-from sglang_marconi.sim.sweeps import Task, generator, model_spec, variant_name
+from marconi_reports.sweeps import Task, generator, model_spec, variant_name
 
 POLICIES = ("vllm+", "paper-sglang+", "marconi")
 PAPER = {  # the paper's Figs. 7-8: marconi / vllm+ token hit rate, gain over paper-sglang+ (P95)

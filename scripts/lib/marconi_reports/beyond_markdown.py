@@ -1,16 +1,16 @@
 """The beyond-the-paper report (results/beyond.md by default; docs/beyond.md summarises it): the
-markdown of ``reports.beyond``'s analysis (every table names the
+markdown of ``marconi_reports.beyond``'s analysis (every table names the
 command that computed it) and ``summary``, what the tables say in numbers the run
 computed."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from sglang_marconi.reports.beyond import (CLEAR, FIXED_ALPHAS, MODEL, OFFLINE_TARGET,
+from marconi_reports.beyond import (CLEAR, FIXED_ALPHAS, MODEL, OFFLINE_TARGET,
                                            ONLINE_BOUND, TARGET_FLOOR, TARGET_RATIO)
-from sglang_marconi.reports.formatting import gb, pct, pflop, pp, table, times
-from sglang_marconi.sim import sweeps
-from sglang_marconi.sim.sweeps import model_spec
+from marconi_reports.formatting import gb, pct, pflop, pp, table, times
+from marconi_reports import sweeps
+from marconi_reports.sweeps import model_spec
 
 
 def write_markdown(b: dict, an: dict, path: Path, img_rel: str, command: str) -> str:

@@ -21,7 +21,7 @@ from typing import Optional
 
 from sglang_marconi.driver.sizing import size_pools
 from sglang_marconi.model import preset_spec
-from sglang_marconi.reports import cell_runs
+from marconi_reports import cell_runs
 
 MODELS = ("paper-7b", "qwen3_next")
 BUDGETS = (50, 100, 200)

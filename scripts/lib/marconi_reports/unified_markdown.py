@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sglang_marconi.reports.formatting import pct, table
-from sglang_marconi.reports.unified_bench import ADMISSION, ALPHA, BUDGETS
+from marconi_reports.formatting import pct, table
+from marconi_reports.unified_bench import ADMISSION, ALPHA, BUDGETS
 
 LABELS = {"stock": "stock", "marconi": f"marconi (alpha {ALPHA:g})", "marconi+": "marconi+",
           ADMISSION: f"marconi, paper admission (<= 2 states/request, alpha {ALPHA:g})"}

@@ -6,7 +6,7 @@ Marconi cache's P95 TTFT worse than stock's by more than 2%.
 """
 from __future__ import annotations
 
-from sglang_marconi.reports.formatting import pct, table, times
+from marconi_reports.formatting import pct, table, times
 
 TARGET_LOAD, TARGET_RATIO, WORST_RATIO = 0.8, 0.6, 1.02
 

@@ -1,5 +1,5 @@
 """The cache bookkeeping benchmark's report (``scripts/bench_overhead.py``, docs/overhead.md):
-``run`` makes the three measurements of ``reports.overhead`` in turn with the command line's
+``run`` makes the three measurements of ``marconi_reports.overhead`` in turn with the command line's
 options and prints their plain-text tables (``format_replay``, ``format_scaling``,
 ``format_sim``) as each finishes; ``--json`` gets every number."""
 from __future__ import annotations
@@ -12,8 +12,8 @@ import warnings
 from pathlib import Path
 
 from sglang_marconi.model import preset_spec
-from sglang_marconi.reports.formatting import text_table
-from sglang_marconi.reports.overhead import (
+from marconi_reports.formatting import text_table
+from marconi_reports.overhead import (
     REPLAY_CACHES,
     REQ_LEN,
     SEQ,

@@ -23,8 +23,8 @@ from sglang_marconi.driver.pools import PoolConfig
 from sglang_marconi.driver.sizing import size_pools
 from sglang_marconi.model import preset_spec
 from sglang_marconi.policy.stock_host import ratio_for_size
-from sglang_marconi.reports import cell_runs
-from sglang_marconi.reports.formatting import table
+from marconi_reports import cell_runs
+from marconi_reports.formatting import table
 from sglang_marconi.sglang_integration.options import MarconiSettings
 
 MODELS = ("paper-7b", "qwen3_next")

@@ -23,7 +23,7 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import PoolName
 from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 
-from sglang_marconi.harness.invariants import walk
+from marconi_checks.invariants import walk
 
 FULL, MAMBA = ComponentType.FULL, ComponentType.MAMBA
 STAMP_PERIOD = 251  # stamps stay exact in bfloat16 (8 significant bits)

@@ -14,8 +14,8 @@ section of both, field by field (``HOST_FIELDS``).
 from __future__ import annotations
 
 from sglang_marconi.policy.stock_host import StockHiCache
-from sglang_marconi.reports import baseline_agreement as agreement
-from sglang_marconi.reports.formatting import table
+from marconi_reports import baseline_agreement as agreement
+from marconi_reports.formatting import table
 from sglang_marconi.sim.policies import HostTier, build_cache, parse_policy
 
 HOST_FIELDS = ("hit_tokens", "flops_saved", "kv_tokens_loaded", "states_loaded",

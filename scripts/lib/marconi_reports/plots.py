@@ -8,11 +8,11 @@ from pathlib import Path
 
 import numpy as np
 
-from sglang_marconi.reports import beyond
-from sglang_marconi.reports.formatting import gb, slug
-from sglang_marconi.reports.reproduce import FAMILY_ORDER, PAPER, POLICIES, families
+from marconi_reports import beyond
+from marconi_reports.formatting import gb, slug
+from marconi_reports.reproduce import FAMILY_ORDER, PAPER, POLICIES, families
 from sglang_marconi.sim.runner import LONG_REQUEST
-from sglang_marconi.sim.sweeps import variant_name
+from marconi_reports.sweeps import variant_name
 
 
 def write_plots(sweep: dict, an: dict, img: Path) -> list:

@@ -39,7 +39,7 @@ from sglang_marconi.sim.policies import build_cache, parse_policy
 from sglang_marconi.sim.runner import summarize
 from sglang_marconi.sim.traces import read_trace
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]  # scripts/lib/marconi_reports/sweeps.py
 MOONCAKE_TRACE = REPO_ROOT.parent / "shared" / "traces" / "mooncake" / "synthetic_trace.jsonl"
 PAPER_BLOCKS = 28  # paper-7b: 28 blocks of (mixer, MLP); 4 attention + 24 Mamba mixers
 

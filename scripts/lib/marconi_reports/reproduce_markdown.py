@@ -1,17 +1,17 @@
 """The results report (results/results.md by default; docs/results.md summarises it): the
-markdown of ``reports.reproduce``'s analysis (every table names the command that computed
+markdown of ``marconi_reports.reproduce``'s analysis (every table names the command that computed
 it), and ``explain``, measured statements about where and why ours
 differ from the paper's figures."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from sglang_marconi.reports.formatting import display_path, gb, ms, pct, rate_of, slug, table, times
-from sglang_marconi.reports.reproduce import (EFF_LENGTHS, EFF_REF, PAPER, PAPER_FOR_FAMILY,
+from marconi_reports.formatting import display_path, gb, ms, pct, rate_of, slug, table, times
+from marconi_reports.reproduce import (EFF_LENGTHS, EFF_REF, PAPER, PAPER_FOR_FAMILY,
                                               POLICIES, families, sens_models)
-from sglang_marconi.sim import sweeps
+from marconi_reports import sweeps
 from sglang_marconi.sim.runner import LONG_REQUEST
-from sglang_marconi.sim.sweeps import model_spec
+from marconi_reports.sweeps import model_spec
 
 
 def _workload_row(w, an):

@@ -1,5 +1,5 @@
 """The cache bookkeeping benchmark's measurements (``scripts/bench_overhead.py``,
-docs/overhead.md); ``reports.overhead_report`` prints them.
+docs/overhead.md); ``marconi_reports.overhead_report`` prints them.
 
 1. Replay (``replay_timing``). The same requests go through stock ``UnifiedRadixCache``
    with its compiled tree core ("stock") and with its python core ("stock-python"), and

@@ -21,8 +21,8 @@ from __future__ import annotations
 import time
 
 from sglang_marconi.policy.online import DEFAULT_ALPHAS
-from sglang_marconi.sim import sweeps
-from sglang_marconi.sim.sweeps import Task, _ratio, generator, run_config
+from marconi_reports import sweeps
+from marconi_reports.sweeps import Task, _ratio, generator, run_config
 
 MODEL = "paper-7b"
 MOONCAKE_CAPS = (50e9, 100e9, 200e9)

@@ -1,2 +1,0 @@
-"""The reports the benchmark scripts write (results/results.md, results/beyond.md, the overhead
-tables): analysis of the runs, markdown and plain-text tables, PNG plots. See README.md."""
