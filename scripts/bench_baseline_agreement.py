@@ -8,13 +8,7 @@ on the same pools (unified: the buffer's byte budget; static: `kv_tokens`, `stat
 on the same requests; `--memory both` (the default) runs both layouts. `--caches
 stock,marconi+` (the default) adds the marconi+ row: `ab --caches marconi+` against the
 simulator's `marconi+:materialise=sglang:overlap=1` (``policy.in_sglang``), in both
-layouts (static: `kv_tokens`, `state_slots`, as for stock). `--hicache-size H` (issue
-20): stock SGLang with HiCache (`--hicache-write-policy` write_through, the default, or
-write_through_selective) behind the static pools, `ab --memory static --hicache-size H`
-against the simulator's `sglang` with the same host tier (``policy.stock_host``), and
-marconi+ with HiCache against `marconi+:materialise=sglang` with the host tier and the
-two-tier rule (``policy.in_sglang_host``), with the host section (hits from host, bytes loaded, backups,
-evictions per tier) side by side (``marconi_reports/host_agreement.py``). Prints both FLOPs-saved
+layouts (static: `kv_tokens`, `state_slots`, as for stock). Prints both FLOPs-saved
 fractions, their difference in percentage points, the share of requests with identical
 hits, the capacity the simulator used and the requests that differ most. Analysis:
 ``scripts/lib/marconi_reports/baseline_agreement.py``. A benchmark, not a test: exits 0 either
@@ -22,7 +16,7 @@ way (tests/test_sglang_baseline.py holds a slice to its bounds).
 
 Usage: python scripts/bench_baseline_agreement.py [--limit N] [--model paper-7b]
        [--cache-gb 100] [--memory both|unified|static] [--caches stock,marconi+]
-       [--hicache-size GB] [--trace PATH] [--json]
+       [--trace PATH] [--json]
 """
 from __future__ import annotations
 
@@ -40,8 +34,6 @@ sys.path.insert(0, str(ROOT / "scripts" / "lib"))
 from sglang_marconi.driver.sizing import size_pools  # noqa: E402
 from sglang_marconi.model import resolve_model  # noqa: E402
 from marconi_reports import baseline_agreement as agreement  # noqa: E402
-from sglang_marconi.policy.stock_host import WRITE_POLICIES  # noqa: E402
-from marconi_reports import host_agreement  # noqa: E402
 from sglang_marconi.sim.traces import read_trace  # noqa: E402
 from marconi_reports.sweeps import MOONCAKE_TRACE  # noqa: E402
 
@@ -62,18 +54,11 @@ def main(argv=None) -> int:
     ap.add_argument("--caches", default="stock,marconi+",
                     help="ab's caches to compare with their simulator images: stock (the "
                          "sglang baseline), marconi+ (the plugin); default both")
-    ap.add_argument("--hicache-size", type=float, default=None, metavar="GB",
-                    help="a host tier of GB (10**9 bytes) behind the static pools: each "
-                         "cache with HiCache, with the host section")
-    ap.add_argument("--hicache-write-policy", choices=WRITE_POLICIES, default="write_through",
-                    help="with --hicache-size: when a node is backed up (default write_through)")
     ap.add_argument("--json", action="store_true", help="print the comparison as JSON")
     args = ap.parse_args(argv)
     caches = [c.strip() for c in args.caches.split(",") if c.strip()]
     if not caches or set(caches) - {"stock", "marconi+"}:
         ap.error(f"--caches: expected stock and/or marconi+, got {args.caches!r}")
-    if args.hicache_size is not None:
-        return host_tier_agreement(args, caches)
 
     spec = resolve_model(args.model, None)
     trace = read_trace(args.trace).head(args.limit)
@@ -107,51 +92,6 @@ def main(argv=None) -> int:
         reports.append(agreement.format_report(
             res, trace_name=Path(args.trace).name, model=args.model, cache_gb=args.cache_gb,
             ab_command=" ".join(ab), limit=args.limit))
-    if args.json:
-        json.dump(results if len(results) > 1 else next(iter(results.values())), sys.stdout,
-                  indent=2)
-        sys.stdout.write("\n")
-    else:
-        print("\n\n".join(reports))
-    return 0
-
-
-def host_tier_agreement(args, caches) -> int:
-    """``--hicache-size``: stock (and marconi+) with HiCache against the simulator's
-    images with its host tier."""
-    spec = resolve_model(args.model, None)
-    trace = read_trace(args.trace).head(args.limit)
-    pools = agreement.sim_pools(size_pools(spec, args.cache_gb, "static",
-                                           page_size=args.page_size))
-    pools.pop("capacity_bytes")
-    results, reports = {}, []
-    for name in caches:
-        ab = host_agreement.ab_argv(args.trace, args.model, args.cache_gb, args.hicache_size,
-                                    args.limit, args.chunked_prefill_size,
-                                    args.mamba_track_interval, args.page_size,
-                                    args.hicache_write_policy, cache=name)
-        run = subprocess.run([sys.executable, "-m", "sglang_marconi", *ab], cwd=ROOT,
-                             env=_env(), capture_output=True, text=True)
-        if run.returncode != 0:
-            sys.stderr.write(run.stderr)
-            return run.returncode
-        hits, cache = host_agreement.simulate(trace, spec, args.hicache_size,
-                                              chunk=args.chunked_prefill_size,
-                                              track=args.mamba_track_interval,
-                                              page=args.page_size,
-                                              write_policy=args.hicache_write_policy,
-                                              cache=name, **pools)
-        res = results[name] = host_agreement.compare(trace, spec, hits, cache,
-                                                     json.loads(run.stdout), name)
-        scope = (f"first {len(trace):,} requests" if args.limit
-                 else f"all {len(trace):,} requests")
-        image = "sglang" if name == "stock" else "marconi+:materialise=sglang"
-        reports.append(host_agreement.format_report(
-            res, ab_command=" ".join(ab),
-            columns=(f"ab {name} + HiCache", f"simulator {image} + host tier"),
-            title=(f"Simulator `{image}` + host tier vs `ab` {name} + HiCache: {args.model}, "
-                   f"{args.cache_gb:g} GiB static + {args.hicache_size:g} GB host, "
-                   f"{args.hicache_write_policy}, {scope} of {Path(args.trace).name}")))
     if args.json:
         json.dump(results if len(results) > 1 else next(iter(results.values())), sys.stdout,
                   indent=2)

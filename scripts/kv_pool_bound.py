@@ -31,7 +31,7 @@ from sglang_marconi.model import resolve_model  # noqa: E402
 from marconi_reports.formatting import pct, text_table  # noqa: E402
 from marconi_reports.kv_pool_bound import (held_by_reuse_class, kv_pool_bound,  # noqa: E402
                                            mooncake_blocks, reuse_intervals)
-from sglang_marconi.sim.policies import in_sglang_pools, parse_policies  # noqa: E402
+from sglang_marconi.sim.policies import parse_policies  # noqa: E402
 from sglang_marconi.sim.runner import run_policy  # noqa: E402
 from marconi_reports.sweeps import MOONCAKE_TRACE  # noqa: E402
 from sglang_marconi.sim.traces import MOONCAKE_BLOCK, detect_format, read_trace  # noqa: E402
@@ -56,7 +56,9 @@ def run(args) -> dict:
     bound = kv_pool_bound(intervals, kv_tokens)
     caches = {}
     for policy in parse_policies(args.caches):
-        placed = in_sglang_pools(policy, kv_tokens, mamba_slots)
+        # the simulator's images of SGLang on its static pools, in the overlap loop
+        placed = parse_policies(f"{policy.label}:overlap=1:kv_tokens={kv_tokens}"
+                                f":state_slots={mamba_slots}")[0]
         caches[policy.label] = run_policy(trace, spec, None, placed)["flops_saved_fraction"]
     return {"trace": str(args.trace), "requests": len(trace.requests), "model": args.model,
             "kv_tokens": kv_tokens, "mamba_slots": mamba_slots, "block": MOONCAKE_BLOCK,

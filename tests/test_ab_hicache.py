@@ -9,7 +9,7 @@ pytest.importorskip("sglang")
 
 from sglang_marconi.cli import ab as ab_cli  # noqa: E402
 from sglang_marconi.cli.host_flags import host_ratio  # noqa: E402
-from sglang_marconi.policy.stock_host import HICACHE_GB as GB  # noqa: E402
+from sglang_marconi.cli.host_flags import HICACHE_GB as GB  # noqa: E402
 from sglang_marconi.errors import UserError  # noqa: E402
 from sglang_marconi.model import preset_spec  # noqa: E402
 

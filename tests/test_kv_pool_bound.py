@@ -19,7 +19,7 @@ from hand_costs import LinearCost, SquareCost
 from sglang_marconi.model import resolve_model
 from marconi_reports.kv_pool_bound import (held_by_reuse_class, kv_pool_bound,
                                            mooncake_blocks, reuse_intervals)
-from sglang_marconi.sim.policies import in_sglang_pools, parse_policies
+from sglang_marconi.sim.policies import parse_policies
 from sglang_marconi.sim.runner import run_policy
 from marconi_reports.sweeps import MOONCAKE_TRACE
 from sglang_marconi.sim.traces import read_trace
@@ -125,8 +125,9 @@ def test_bound_brackets_the_caches(bundled):
     prefill, kv_only, _ = ceiling.ceilings(raw, 512, 8192, specs={"m": spec})["flops"]["m"]
     assert hi.never_evicting == pytest.approx(kv_only / prefill, rel=1e-9)
     # no cache the simulator runs on the same pools passes it
-    for policy in parse_policies("sglang,marconi+:materialise=sglang"):
-        saved = run_policy(bundled, spec, None, in_sglang_pools(policy, small, 2000))
+    pools = f"overlap=1:kv_tokens={small}:state_slots=2000"
+    for policy in parse_policies(f"sglang:{pools},marconi+:materialise=sglang:{pools}"):
+        saved = run_policy(bundled, spec, None, policy)
         assert 0 < saved["flops_saved_fraction"] <= lo.fraction
 
 

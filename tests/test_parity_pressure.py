@@ -9,7 +9,7 @@ through SGLang's real call sequence (``driver.replay``: the overlap loop's 2 tra
 ``checkpoint_kv_cache`` after every unfinished prefill chunk and after the last one when
 the request decodes, decode-track snapshots, ``release_kv_cache``). Simulator side: the
 policy string a user gives ``sim``, on the byte budget ``scripts/bench_baseline_agreement.py``
-gives it (``driver.sizing.sim_capacity``).
+gives it (``marconi_reports.baseline_agreement.sim_capacity``).
 
 The traces are generated (agent: long shared system prompts and tool loops; chat) with
 prefills of several chunks (chunk 256), outputs crossing the decode-track grid (64) and a
@@ -32,7 +32,8 @@ from sglang.srt.mem_cache.unified_cache.components.base import ComponentType  # 
 
 from sglang_marconi.driver.pools import PoolConfig  # noqa: E402
 from sglang_marconi.driver.replay import Replayer  # noqa: E402
-from sglang_marconi.driver.sizing import sim_capacity, size_pools  # noqa: E402
+from sglang_marconi.driver.sizing import size_pools  # noqa: E402
+from marconi_reports.baseline_agreement import sim_capacity  # noqa: E402
 from sglang_marconi.driver.unified_pools import UnifiedConfig  # noqa: E402
 from sglang_marconi.harness.ab import (ABConfig, instrument, make_cache,  # noqa: E402
                                        to_replay_requests)

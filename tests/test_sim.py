@@ -1,4 +1,5 @@
-"""The simulator: trace readers and their errors, generators, the sim and gen-trace CLIs."""
+"""The simulator: trace readers and their errors, generators, the sim and gen-trace CLIs
+(``sim`` driving SGLang's caches by default, ``--paper`` the planning simulator)."""
 import json
 import subprocess
 import sys
@@ -113,8 +114,8 @@ def test_simulate_orders_policies_sensibly(paper_spec):
 
 def test_sim_cli_json_and_plot(tmp_path, mooncake_path):
     png = tmp_path / "p.png"
-    r = _cli("sim", "--trace", str(mooncake_path), "--limit", "300", "--model", "paper-7b",
-             "--capacity", "50GB", "--policies", "paper-sglang+,marconi,infinite", "--json",
+    r = _cli("sim", "--paper", "--trace", str(mooncake_path), "--limit", "300", "--model",
+             "paper-7b", "--capacity", "50GB", "--policies", "paper-sglang+,marconi,infinite", "--json",
              "--plot", str(png))
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
@@ -130,7 +131,7 @@ def test_sim_cli_json_and_plot(tmp_path, mooncake_path):
 
 def test_sim_cli_capacity_sweep_and_errors(tmp_path):
     png = tmp_path / "sweep.png"
-    r = _cli("sim", "--workload", "chat", "--param", "sessions=30", "--capacities",
+    r = _cli("sim", "--paper", "--workload", "chat", "--param", "sessions=30", "--capacities",
              "0.2GB,1GB", "--policies", "paper-sglang+,infinite", "--plot", str(png), "--json")
     assert r.returncode == 0, r.stderr
     runs = json.loads(r.stdout)["runs"]
@@ -143,7 +144,7 @@ def test_sim_cli_capacity_sweep_and_errors(tmp_path):
                       (("--workload", "nope"), "unknown workload 'nope'"),
                       (("--workload", "chat", "--policies", "marconi:beta=1"),
                        "unknown option 'beta'")]:
-        r = _cli("sim", *args)
+        r = _cli("sim", "--paper", *args)
         assert r.returncode == 2 and msg in r.stderr and r.stderr.count("\n") == 1, r.stderr
 
 
@@ -157,47 +158,36 @@ def test_gen_trace_cli(tmp_path):
                                          "output_tokens"}
 
 
-def test_sim_takes_abs_pool_flags(mooncake_path):
-    """``sim --cache-gb N --memory static|unified`` runs the SGLang images on the pools
-    ``ab --cache-gb N`` builds, in SGLang's default overlap loop: the same as naming the
-    pools in the policy options."""
-    common = ("sim", "--trace", str(mooncake_path), "--model", "paper-7b", "--limit", "400",
-              "--json", "--no-progress")
-    flags = _cli(*common, "--cache-gb", "100", "--memory", "static",
-                 "--policies", "sglang,marconi+:materialise=sglang")
-    assert flags.returncode == 0, flags.stderr
-    got = json.loads(flags.stdout)
-    assert (got["pools"]["mode"], got["pools"]["kv_tokens"], got["pools"]["mamba_slots"]) == (
-        "static", 862592, 1897)
-    pools = ":overlap=1:kv_tokens=862592:state_slots=1897"
-    named = _cli(*common, "--policies", f"sglang{pools},marconi+:materialise=sglang{pools}")
-    ref = json.loads(named.stdout)["policies"]
-    for label, r in got["policies"].items():
-        twin = ref[f"{label}{pools}"]
-        assert r["flops_saved"] == twin["flops_saved"] > 0
-        assert r["states_evicted"] == twin["states_evicted"]
-    unified = json.loads(_cli(*common, "--cache-gb", "100", "--memory", "unified",
-                              "--policies", "sglang").stdout)
-    assert unified["pools"]["mode"] == "unified" and unified["capacity_bytes"] == 107318034432
+def test_sim_drives_sglangs_caches_like_ab(mooncake_path):
+    """``sim`` without ``--paper`` is ``ab``'s replay: on the same trace and pools the same
+    columns, request for request; a generated workload works too."""
+    common = ("--trace", str(mooncake_path), "--model", "qwen3_next", "--limit", "60",
+              "--kv-tokens", "300000", "--mamba-slots", "16", "--caches", "stock,marconi",
+              "--json", "--no-progress", "--per-request")
+    sim = _cli("sim", *common)
+    ab = _cli("ab", *common)
+    assert sim.returncode == 0 and ab.returncode == 0, sim.stderr + ab.stderr
+    got, ref = json.loads(sim.stdout), json.loads(ab.stdout)
+    for name in ("stock", "marconi"):
+        assert (got["caches"][name]["hit_tokens_per_request"]
+                == ref["caches"][name]["hit_tokens_per_request"])
+    assert got["config"]["pools"] == ref["config"]["pools"]
+    chat = _cli("sim", "--workload", "chat", "--param", "sessions=4", "--model", "qwen3_next",
+                "--cache-gb", "20", "--caches", "stock,marconi", "--json", "--no-progress")
+    assert chat.returncode == 0, chat.stderr
+    assert json.loads(chat.stdout)["config"]["trace"] == "workload chat (seed 0)"
 
 
-def test_sim_pool_flags_refusals(mooncake_path):
-    base = ("sim", "--trace", str(mooncake_path), "--limit", "5")
-    cases = [(("--cache-gb", "10", "--capacity", "10GB"), "two forms of the cache size"),
-             (("--cache-gb", "10", "--policies", "marconi+"), "static pools are modelled for"),
-             (("--kv-tokens", "9000"), "both --kv-tokens and --mamba-slots"),
-             (("--memory", "unified"), "need --cache-gb"),
-             # the future-knowing reference models one byte budget, not SGLang's pools
-             (("--kv-tokens", "90000", "--mamba-slots", "10", "--policies",
-               "offline:materialise=sglang"), "static pools are modelled for"),
-             # pools ab refuses: too small for the longest request, too few state slots
-             (("--kv-tokens", "20000", "--mamba-slots", "10", "--policies", "sglang"),
-              "cannot hold the longest request"),
-             (("--kv-tokens", "90000", "--mamba-slots", "2", "--policies", "sglang"),
-              "--mamba-slots must be at least 4"),
-             (("--cache-gb", "100", "--policies", "sglang:kv_tokens=90000:state_slots=9"),
-              "names its own pools")]
+def test_sim_modes_refuse_each_others_flags(mooncake_path):
+    base = ("sim", "--trace", str(mooncake_path), "--limit", "5", "--model", "qwen3_next")
+    cases = [(("--cache-gb", "10", "--policies", "marconi+"),
+              "--policies: the paper's planning simulator; add --paper"),
+             (("--capacity", "10GB"), "--capacity: the paper's planning simulator"),
+             ((), "give the pools SGLang would build"),
+             (("--paper", "--cache-gb", "10"), "--cache-gb: SGLang's pools; --paper takes one"),
+             (("--paper", "--hicache-size", "10"), "--hicache-*: SGLang's pools"),
+             (("--kv-tokens", "9000"), "both --kv-tokens and --mamba-slots")]
     for extra, message in cases:
         r = _cli(*base, *extra)
-        assert r.returncode != 0 and message in r.stderr, (extra, r.stderr)
+        assert r.returncode == 2 and message in r.stderr, (extra, r.stderr)
         assert "Traceback" not in r.stderr

@@ -62,6 +62,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--model", metavar="PRESET", help="model preset (cost model)")
     model.add_argument("--config", metavar="PATH", help="HF config.json (cost model)")
     add_cache_dtype_arguments(parser.add_argument_group("bytes per KV token and per state"))
+    parser.add_argument("--limit", type=_positive, default=None,
+                        help="replay only the first N requests")
+    add_replay_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
+    """The replay's flags (``ab``, ``sim``): pools, SGLang's scheduler settings, the caches
+    and the Marconi cache's settings, the host tier."""
     add_pool_arguments(parser)
     parser.add_argument("--page-size", type=_positive, default=64)
     parser.add_argument("--chunked-prefill-size", type=_positive, default=8192)
@@ -75,17 +85,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="SGLang's flag: the normal loop's order instead of the overlap "
                              "loop's (SGLang's default), and 1 tracking slot per running "
                              "request instead of 2 (driver.replay.Replayer)")
-    parser.add_argument("--limit", type=_positive, default=None,
-                        help="replay only the first N requests")
     parser.add_argument("--caches", default=",".join(DEFAULT_CACHES),
                         help=f"comma-separated subset of {', '.join(CACHE_NAMES)}")
     add_marconi_arguments(parser)
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--per-request", action="store_true",
                         help="with --json: each cache's tokens hit per request, in order "
                              "(hit_tokens_per_request), and the tokens whose KV matched past "
                              "the hit (lost_reuse_tokens_per_request)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def add_marconi_arguments(parser: argparse.ArgumentParser) -> None:
@@ -164,16 +170,24 @@ def run(args) -> int:
 
 
 def _run(args) -> int:
+    spec = resolve_model(args.model, args.config, **server_model_kwargs(args))
+    return run_replay(args, spec, read_trace(args.trace), str(args.trace))
+
+
+def run_replay(args, spec, trace, label: str) -> int:
+    """``trace`` through every cache of ``--caches`` on the pools the flags size, printed
+    as a table or JSON (``ab``, and ``sim`` without ``--paper``)."""
     # torch and sglang: only for a run, not for --help
     from sglang_marconi.driver.pools import PoolConfig
     from sglang_marconi.harness.ab import ABConfig, run_ab, to_replay_requests
 
     caches = _caches(args.caches)
     settings = _settings(args)
-    spec = resolve_model(args.model, args.config, **server_model_kwargs(args))
     if not spec.is_hybrid:
         raise UserError(f"model {spec.name} has no SSM layers: Marconi needs a hybrid model")
-    requests = to_replay_requests(read_trace(args.trace), args.limit)
+    requests = to_replay_requests(trace, args.limit)
+    if not requests:
+        raise UserError(f"{label}: no requests")
     kv_tokens, mamba_slots, sizes, unified = resolve_pools(args, spec)
     max_len = _check_pools(args, requests, kv_tokens, mamba_slots)
     pools = PoolConfig(kv_tokens=kv_tokens, mamba_slots=mamba_slots,
@@ -188,7 +202,7 @@ def _run(args) -> int:
                    overlap=not args.disable_overlap_schedule)
     results = run_ab(requests, cfg, show_progress=not args.no_progress,
                      per_request=args.per_request)
-    results["config"] = {"trace": str(args.trace), "model": spec.name,
+    results["config"] = {"trace": label, "model": spec.name,
                          "kv_bytes_per_token": spec.kv_bytes_per_token,
                          "state_bytes": spec.ssm_state_bytes, "tp_size": spec.tp_size,
                          "cache_dtypes": vars(spec.cache_dtypes) if spec.cache_dtypes else None,
@@ -206,7 +220,7 @@ def _run(args) -> int:
         json.dump(results, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print(f"A/B on {args.trace}: {len(requests)} requests, page {args.page_size}; "
+        print(f"A/B on {label}: {len(requests)} requests, page {args.page_size}; "
               f"{describe_pools(sizes, kv_tokens, mamba_slots)}")
         print(describe_model(spec))
         print(format_table(results))

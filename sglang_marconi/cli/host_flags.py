@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from sglang_marconi.cli.pool_flags import _positive_float
 from sglang_marconi.errors import UserError
-from sglang_marconi.policy.stock_host import DEFAULT_HICACHE_RATIO, HostPools, host_ratio as _ratio
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+DEFAULT_HICACHE_RATIO = 2.0  # SGLang's --hicache-ratio default in the host-cache mode
+HICACHE_GB = 1e9  # --hicache-size is in 10**9 bytes (pool_host/mamba.py, mha.py)
 
 
 def add_host_arguments(parser) -> None:
@@ -39,8 +40,26 @@ def host_enabled(args) -> bool:
 
 
 def host_ratio(args, spec, kv_tokens: int, mamba_slots: int) -> float:
-    """Host slots per device slot: ``--hicache-ratio`` or from ``--hicache-size``."""
-    return _ratio(args.hicache_size, args.hicache_ratio, spec, kv_tokens, mamba_slots)
+    """Host slots per device slot, the same for both pools: from ``--hicache-size`` (SGLang's
+    proportional split, ``hybrid_pool_assembler.py`` ``_split_hicache_size``) when given,
+    else ``--hicache-ratio`` (SGLang's default when neither)."""
+    if args.hicache_size is None:
+        return args.hicache_ratio or DEFAULT_HICACHE_RATIO
+    return ratio_for_size(args.hicache_size, spec, kv_tokens, mamba_slots)
+
+
+def ratio_for_size(size_gb: float, spec, kv_tokens: int, mamba_slots: int) -> float:
+    """Host slots per device slot for ``--hicache-size size_gb``."""
+    device_bytes = kv_tokens * spec.kv_bytes_per_token + mamba_slots * spec.ssm_state_bytes
+    return size_gb * HICACHE_GB / device_bytes
+
+
+def host_pool_slots(ratio: float, kv_tokens: int, state_slots: int, page: int) -> tuple:
+    """(KV token slots, state slots) of the host pools SGLang builds for ``ratio`` host
+    slots per device slot (``pool_host/base.py`` 226-229, ``pool_host/mamba.py`` 171-174):
+    ``int(device slots x ratio)`` floored to its page, plus one page (KV: ``page`` tokens;
+    states: one slot)."""
+    return (int(kv_tokens * ratio) // page + 1) * page, int(state_slots * ratio) + 1
 
 
 def resolve_host(args, spec, kv_tokens: int, mamba_slots: int, unified) -> dict:
@@ -56,12 +75,11 @@ def resolve_host(args, spec, kv_tokens: int, mamba_slots: int, unified) -> dict:
 
 def host_summary(args, spec, pools) -> dict:
     """The host tier in ``ab --json``'s config: the host pools as SGLang builds them
-    (``HostPools.from_ratio``: one page more than ``int(device slots x ratio)``)."""
+    (``host_pool_slots``)."""
     if pools.hicache_write_policy is None:
         return {}
-    host = HostPools.from_ratio(pools.hicache_ratio, pools.kv_tokens, pools.mamba_slots,
-                                page=pools.page_size)
-    kv_host, states_host = host.kv_tokens, host.state_slots
+    kv_host, states_host = host_pool_slots(pools.hicache_ratio, pools.kv_tokens,
+                                           pools.mamba_slots, pools.page_size)
     return {"host": {
         "hicache_size_gb": args.hicache_size, "hicache_ratio": pools.hicache_ratio,
         "write_policy": pools.hicache_write_policy,

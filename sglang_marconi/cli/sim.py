@@ -1,23 +1,41 @@
-"""``sim``: replay a trace (file or generated workload) through cache policies."""
+"""``sim``: what SGLang would do on a trace, with stock's cache and with Marconi's.
+
+By default it drives SGLang's own cache objects with the scheduler's calls (what ``ab``
+runs; ``ab`` is the same command with ``--trace`` required) on pools sized like a server
+(``--cache-gb N [--memory static|unified]`` or ``--kv-tokens/--mamba-slots``), the trace a
+file or a seeded generator, ``--limit N`` for a quick look. ``--paper`` is the paper's
+idealised planning setting instead (one byte budget, ``--capacity``; the paper's
+baselines vLLM+ and SGLang+, Marconi, the offline reference: ``--policies``).
+"""
 from __future__ import annotations
 
 import sys
 
+from sglang_marconi.cli import ab as ab_cli
 from sglang_marconi.cli.common import (add_model_arguments, human_bytes, human_flops,
-                                            model_from_args, parse_bytes, parse_params,
-                                            print_json)
-from sglang_marconi.cli.host_flags import add_host_arguments, host_enabled
-from sglang_marconi.cli.pool_flags import (add_pool_arguments, check_pools_fit, pool_sizes,
-                                           pool_summary)
-from sglang_marconi.driver.sizing import sim_capacity
+                                       model_from_args, parse_bytes, parse_params,
+                                       print_json, run_with_sglang)
+from sglang_marconi.cli.host_flags import host_enabled
 from sglang_marconi.errors import UserError
-from sglang_marconi.policy.stock_host import WRITE_POLICIES
 from sglang_marconi.sim.generators import generate
 from sglang_marconi.sim.latency import LatencyModel
 from sglang_marconi.sim.plots import plot_runs
-from sglang_marconi.sim.policies import HostTier, in_sglang_pools, parse_policies
+from sglang_marconi.sim.policies import parse_policies
 from sglang_marconi.sim.runner import simulate
 from sglang_marconi.sim.traces import read_trace
+
+# flags of one mode only: (dest, flag, the value a parser leaves when it is not given)
+PAPER_ONLY = (("policies", "--policies", None), ("capacity", "--capacity", None),
+              ("capacities", "--capacities", None), ("grid", "--grid", None),
+              ("gpu", "--gpu", None), ("mfu", "--mfu", None),
+              ("ttft_overhead", "--ttft-overhead", None), ("jobs", "--jobs", None),
+              ("plot", "--plot", None))
+POOL_FLAGS = (("cache_gb", "--cache-gb"), ("kv_tokens", "--kv-tokens"),
+              ("mamba_slots", "--mamba-slots"), ("memory", "--memory"),
+              ("mamba_full_memory_ratio", "--mamba-full-memory-ratio"))
+PAPER_DEFAULTS = {"policies": "vllm+,paper-sglang+,marconi,marconi+,infinite",
+                  "capacity": "40GB", "grid": 1, "gpu": "a100", "mfu": 0.5,
+                  "ttft_overhead": 0.02, "jobs": 1}
 
 
 def add_arguments(parser) -> None:
@@ -30,64 +48,53 @@ def add_arguments(parser) -> None:
                      help="generator parameter override, repeatable (e.g. sessions=100)")
     src.add_argument("--limit", type=int, help="replay only the first N requests")
     add_model_arguments(parser)
-    parser.add_argument("--capacity", default=None,
-                        help="cache budget in bytes, e.g. 40GB (default 40GB; or the pools "
-                             "ab builds: --cache-gb / --kv-tokens below)")
-    parser.add_argument("--capacities", help="several budgets, e.g. 10GB,20GB,40GB (a sweep)")
-    parser.add_argument("--policies", default="sglang,vllm+,paper-sglang+,marconi,infinite",
-                        help="comma-separated: sglang (stock SGLang as a server runs it), "
-                             "vllm+, paper-sglang+ (the paper's baselines), marconi[:alpha=X|auto], "
-                             "marconi+, infinite, offline")
-    parser.add_argument("--grid", type=int, default=1,
-                        help="checkpoint granularity in tokens (64 mirrors SGLang; default 1)")
-    parser.add_argument("--gpu", default="a100", help="TTFT model GPU: a100, h100, h200, l40s, b200")
-    parser.add_argument("--mfu", type=float, default=0.5, help="TTFT model MFU (default 0.5)")
-    parser.add_argument("--ttft-overhead", type=float, default=0.02,
-                        help="TTFT model fixed overhead in seconds (default 0.02)")
-    parser.add_argument("--jobs", type=int, default=1, help="policies replayed in parallel")
-    parser.add_argument("--plot", metavar="FILE.png", help="draw the results")
+    ab_cli.add_replay_arguments(parser)
+    paper = parser.add_argument_group(
+        "the paper's planning setting (--paper: one byte budget, the states a policy plans "
+        "wherever they are; its baselines and the offline reference)")
+    paper.add_argument("--paper", action="store_true",
+                       help="run the paper's planning simulator instead of SGLang's caches")
+    paper.add_argument("--policies", default=None,
+                       help="comma-separated: vllm+, paper-sglang+ (the paper's baselines), "
+                            "marconi[:alpha=X|auto|online], marconi+, infinite, offline "
+                            f"(default {PAPER_DEFAULTS['policies']})")
+    paper.add_argument("--capacity", default=None,
+                       help=f"cache budget in bytes, e.g. 40GB (default {PAPER_DEFAULTS['capacity']})")
+    paper.add_argument("--capacities", help="several budgets, e.g. 10GB,20GB,40GB (a sweep)")
+    paper.add_argument("--grid", type=int, default=None,
+                       help="checkpoint granularity in tokens (64 mirrors SGLang; default 1)")
+    paper.add_argument("--gpu", default=None,
+                       help="TTFT model GPU: a100 (default), h100, h200, l40s, b200")
+    paper.add_argument("--mfu", type=float, default=None, help="TTFT model MFU (default 0.5)")
+    paper.add_argument("--ttft-overhead", type=float, default=None,
+                       help="TTFT model fixed overhead in seconds (default 0.02)")
+    paper.add_argument("--jobs", type=int, default=None, help="policies replayed in parallel")
+    paper.add_argument("--plot", metavar="FILE.png", help="draw the results")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-    add_host_arguments(parser)
-    add_pool_arguments(parser)
-    parser.set_defaults(page_size=64)
 
 
-def sglang_pools(args, spec, policies, trace):
-    """``--cache-gb`` / ``--kv-tokens``: the pools ``ab`` builds (at SGLang's default page of
-    64 tokens), as (policies run on them, [the budget], their summary); None without those
-    flags. Unified: the buffer's bytes (``driver.sizing.sim_capacity``); static:
-    the two pools (the budget is then None). Pools ``ab`` would refuse for ``trace`` are
-    refused."""
-    if (args.cache_gb is None and args.kv_tokens is None and args.mamba_slots is None
-            and args.memory is None and args.mamba_full_memory_ratio is None):
-        return None
-    if args.capacity is not None or args.capacities:
-        raise UserError("--capacity/--capacities and --cache-gb/--kv-tokens are two forms of "
-                        "the cache size: give one")
-    kv_tokens, mamba_slots, sizes = pool_sizes(args, spec)
-    longest = max(r.input_len + max(1, r.output_len) for r in trace.requests)
-    check_pools_fit(args, kv_tokens, mamba_slots, longest, args.page_size)
-    if sizes is not None and sizes.mode == "unified":
-        return ([in_sglang_pools(p) for p in policies], [sim_capacity(sizes)],
-                pool_summary(sizes, kv_tokens, mamba_slots))
-    return ([in_sglang_pools(p, kv_tokens, mamba_slots) for p in policies], [None],
-            pool_summary(sizes, kv_tokens, mamba_slots))
-
-
-def host_tier(args):
-    """The host tier from ``ab``'s flags (``cli.host_flags``), None without them; what the
-    simulator does not build is refused."""
-    if not host_enabled(args):
-        return None
-    if args.hicache_storage_backend is not None:
-        raise UserError("--hicache-storage-backend: the simulator has no L3 store "
-                        "(ab models it)")
-    policy = args.hicache_write_policy or "write_through"
-    if policy not in WRITE_POLICIES:
-        raise UserError(f"--hicache-write-policy {policy}: the simulator's host tier is "
-                        f"built for {', '.join(WRITE_POLICIES)} only (ab models every policy)")
-    return HostTier(size_gb=args.hicache_size, ratio=args.hicache_ratio, write_policy=policy)
+def _check_mode(args) -> None:
+    """Each mode's flags only with it, named in one line."""
+    given = lambda dest, unset=None: getattr(args, dest) is not unset  # noqa: E731
+    if args.paper:
+        stray = [flag for dest, flag in POOL_FLAGS if given(dest)]
+        if host_enabled(args):
+            stray.append("--hicache-*")
+        if stray:
+            raise UserError(f"{', '.join(stray)}: SGLang's pools; --paper takes one byte "
+                            "budget (--capacity)")
+        for dest, value in PAPER_DEFAULTS.items():
+            if getattr(args, dest) is None:
+                setattr(args, dest, value)
+        return
+    stray = [flag for dest, flag, unset in PAPER_ONLY if given(dest, unset)]
+    if stray:
+        raise UserError(f"{', '.join(stray)}: the paper's planning simulator; add --paper")
+    if not any(given(dest) for dest, _ in POOL_FLAGS[:3]):
+        raise UserError("give the pools SGLang would build (--cache-gb N [--memory static|"
+                        "unified], or --kv-tokens K --mamba-slots S), or --paper for the "
+                        "paper's planning simulator")
 
 
 def load_trace(args):
@@ -107,26 +114,23 @@ def load_trace(args):
 
 
 def run(args) -> int:
+    _check_mode(args)
+    if not args.paper:
+        spec = model_from_args(args)
+        trace = load_trace(args)
+        return run_with_sglang(lambda a: ab_cli.run_replay(
+            a, spec, trace, a.trace or f"workload {a.workload} (seed {a.seed})"), args)
     if args.grid < 1:
         raise UserError("--grid must be >= 1")
     policies = parse_policies(args.policies)
     latency = LatencyModel(args.gpu, args.mfu, args.ttft_overhead)
     spec = model_from_args(args, default_preset="paper-7b")
     trace = load_trace(args)
-    pools = sglang_pools(args, spec, policies, trace)
-    if pools is not None:
-        policies, caps, summary = pools
-    else:
-        summary = None
-        caps = ([parse_bytes(c, "--capacities") for c in args.capacities.split(",") if c.strip()]
-                if args.capacities else [parse_bytes(args.capacity or "40GB", "--capacity")])
+    caps = ([parse_bytes(c, "--capacities") for c in args.capacities.split(",") if c.strip()]
+            if args.capacities else [parse_bytes(args.capacity, "--capacity")])
     progress = not args.no_progress and sys.stderr.isatty()
-    host = host_tier(args)
-    runs = [simulate(trace, spec, cap, policies, args.grid, latency, progress, args.jobs, host)
+    runs = [simulate(trace, spec, cap, policies, args.grid, latency, progress, args.jobs)
             for cap in caps]
-    if summary is not None:
-        for res in runs:
-            res["pools"] = summary
     if args.plot:
         plot_runs(runs, args.plot)
     if args.json:
@@ -141,12 +145,7 @@ def run(args) -> int:
 
 def print_table(res: dict) -> None:
     cap = res["capacity_bytes"]
-    pools = res.get("pools")
-    if pools is not None and pools.get("mode") != "unified":
-        size = (f"static pools: {pools['kv_tokens']:,} KV tokens, {pools['mamba_slots']:,} "
-                "state slots")
-    else:
-        size = f"capacity {human_bytes(cap) if cap else 'unlimited'}"
+    size = f"capacity {human_bytes(cap) if cap else 'unlimited'}"
     print(f"\ntrace {res['trace']}: {res['requests']:,} requests, {res['input_tokens']:,} input "
           f"tokens | model {res['model']} | {size}")
     cols = ("policy", "tok hit", "req hit", "FLOPs saved", "(frac)", "of inf", "ckpt in",
@@ -161,9 +160,3 @@ def print_table(res: dict) -> None:
                f"{r['ttft_p50_s'] * 1e3:.0f} ms", f"{r['ttft_p95_s'] * 1e3:.0f} ms",
                "-" if r["alpha"] is None else f"{r['alpha']:.1f}", f"{r['wall_s']:.1f} s")
         print(" ".join(f"{c:>11}" for c in row))
-    for name, r in res["policies"].items():
-        if "host" in r:
-            h = r["host"]
-            print(f"  {name} host tier: {h['hit_tokens']:,} hit tokens from host, "
-                  f"{h['bytes_loaded']:.3e} bytes loaded, KV tokens evicted device / host "
-                  f"{r['kv_tokens_evicted']:,} / {h['kv_tokens_evicted']:,}")

@@ -151,13 +151,3 @@ def size_pools(spec, cache_gb: float, memory: str = "static", *,
                      kv_bytes_per_token=kv_per_token, state_bytes=per_slot,
                      page_size=page_size, static_kv_tokens=kv_tokens)
 
-
-def sim_capacity(sizes) -> int:
-    """The simulator's byte budget for ``ab``'s unified buffer (``PoolSizes`` of mode
-    "unified"): SGLang's KV side hands out whole pages of the buffer
-    (``floor(unified bytes / page bytes)``) and slot 0 of the state side is reserved (one
-    state's bytes; ``unified_memory_pool.py``, ``min_slot_index`` 1)."""
-    if sizes.mode != "unified":
-        raise ValueError("the simulator's one budget models the unified buffer only")
-    page_bytes = sizes.page_size * sizes.kv_bytes_per_token
-    return sizes.unified_bytes // page_bytes * page_bytes - sizes.state_bytes

@@ -52,8 +52,7 @@ the state (and its place) with the suffix. The victim, if it is an unlocked leaf
 deleted with its KV; otherwise only its state is dropped (a tombstone: its KV stays).
 
 Not modelled: several requests running at once (the simulator replays one at a time),
-``--mamba-max-states-per-path``. HiCache (the host tier) on static pools:
-``policy.stock_host``, through the hooks below.
+``--mamba-max-states-per-path``, HiCache (``sim`` without ``--paper`` drives SGLang's own).
 """
 from __future__ import annotations
 
@@ -235,7 +234,7 @@ class StockSGLangCache:
     def _finished(self, full: np.ndarray, hit_node: _Node) -> None:
         """The request is released (after its final insert and unlock)."""
 
-    # ---- hooks of the host tier (``policy.stock_host``) ---------------------------------------
+    # ---- hooks of a tiered cache (a single tier here) -------------------------------------
     def _cow_slot(self, hit_node: _Node) -> None:
         """The request's own state slot for its hit's copy (the hit's path locked)."""
         self._lock(hit_node)

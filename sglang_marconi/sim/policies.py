@@ -12,11 +12,7 @@
   SGLang's default static two pools instead of the byte budget (a KV pool of K token
   slots, a state pool of S slots, what ``ab --memory static`` builds; the capacity is then
   ignored; a state shortage runs SGLang's MAMBA walk). Takes no ``max_states`` and ignores
-  the simulator's ``--grid``. With the host-tier flags (``sim --hicache-size GB`` or
-  ``--hicache-ratio R``, ``ab``'s: ``HostTier``) and static pools: SGLang's HiCache
-  write_through or write_through_selective behind them (``policy.stock_host``);
-  ``marconi+:materialise=sglang`` on static pools has it too, with the two-tier rule
-  (``policy.in_sglang_host``); no other policy has a host tier.
+  the simulator's ``--grid``.
 - ``vllm+``: a state at every ``block``-token boundary (32), LRU eviction.
 - ``paper-sglang+``: Marconi admission, LRU eviction (alpha 0).
 - ``marconi``: Marconi admission, FLOP-aware eviction, alpha tuned by bootstrap (``alpha=auto``,
@@ -57,11 +53,9 @@ from sglang_marconi.policy.defaults import NO_CAP
 from sglang_marconi.policy.admission import SGLangGrids, sglang_grid, sglang_track_grid
 from sglang_marconi.policy.cache import PrefixCache
 from sglang_marconi.policy.in_sglang import MarconiSGLangCache
-from sglang_marconi.policy.in_sglang_host import MarconiHiCache
 from sglang_marconi.policy.likelihood import ReuseWeight
 from sglang_marconi.policy.offline import offline_cache
 from sglang_marconi.policy.stock import StockSGLangCache
-from sglang_marconi.policy.stock_host import HostPools, StockHiCache, host_ratio
 
 BASE_POLICIES = ("vllm+", "paper-sglang+", "marconi", "infinite")
 # names that meant something else before: an error that says what to write now
@@ -108,32 +102,6 @@ def parse_policies(text: str) -> list[PolicySpec]:
     return specs
 
 
-def in_sglang_pools(policy: PolicySpec, kv_tokens: int | None = None,
-                    state_slots: int | None = None) -> PolicySpec:
-    """``policy`` run on the pools ``ab`` builds (``sim --cache-gb`` / ``--kv-tokens``): a
-    policy that models SGLang (``sglang``, or marconi / marconi+ with ``materialise=sglang``)
-    gets SGLang's default overlap loop (``overlap=1``, as ``ab``) and, for static pools
-    (``kv_tokens`` given), ``kv_tokens`` and ``state_slots``; a policy that names its own
-    pools is refused. The planning simulator's policies (the others, ``offline`` included)
-    model one byte budget only: refused on static pools."""
-    if policy.option("kv_tokens") is not None or policy.option("state_slots") is not None:
-        raise UserError(f"policy {policy.label!r} names its own pools (kv_tokens, state_slots): "
-                        "drop them, or drop --cache-gb / --kv-tokens")
-    models_sglang = policy.name == "sglang" or (
-        policy.name in ("marconi", "marconi+") and policy.option("materialise") == "sglang")
-    if not models_sglang:
-        if kv_tokens is not None:
-            raise UserError(f"policy {policy.label!r}: SGLang's static pools are modelled for "
-                            "sglang and materialise=sglang policies only (use --memory "
-                            "unified, or --capacity for one byte budget)")
-        return policy
-    added = [("overlap", "1")]
-    if kv_tokens is not None:
-        added += [("kv_tokens", str(kv_tokens)), ("state_slots", str(state_slots))]
-    options = policy.options + tuple((k, v) for k, v in added if policy.option(k) is None)
-    return PolicySpec(policy.label, policy.name, options)
-
-
 def _number(policy: PolicySpec, key: str, cast, default, minimum=None):
     raw = policy.option(key)
     if raw is None:
@@ -155,31 +123,7 @@ def _alpha(policy: PolicySpec, default="auto"):
     return _number(policy, "alpha", float, 0.0, 0.0)
 
 
-@dataclass(frozen=True)
-class HostTier:
-    """The host-tier flags (``ab``'s, ``cli.host_flags``): ``size_gb`` (``--hicache-size``,
-    10**9 bytes, split between the KV and state host pools in proportion to the device
-    pools' bytes) or ``ratio`` (``--hicache-ratio``), and the write policy."""
-
-    size_gb: float | None = None
-    ratio: float | None = None
-    write_policy: str = "write_through"
-
-    def pools(self, spec, kv_tokens: int, state_slots: int, page: int = 64) -> HostPools:
-        ratio = host_ratio(self.size_gb, self.ratio, spec, kv_tokens, state_slots)
-        return HostPools.from_ratio(ratio, kv_tokens, state_slots, self.write_policy, page)
-
-
-def build_cache(policy: PolicySpec, spec, capacity, grid: int = 1, trace=None,
-                host: HostTier | None = None) -> PrefixCache:
-    if host is not None:
-        if policy.name == "marconi+" and policy.option("materialise") == "sglang":
-            return _marconi_plus(policy, spec, capacity, grid, host)
-        if policy.name != "sglang":
-            raise UserError(f"--hicache-*: the simulator's host tier is built for sglang and "
-                            f"marconi+:materialise=sglang (static pools); policy "
-                            f"{policy.label!r} has none")
-        return _sglang(policy, spec, capacity, grid, host)
+def build_cache(policy: PolicySpec, spec, capacity, grid: int = 1, trace=None) -> PrefixCache:
     if policy.name == "offline":
         if trace is None:
             raise UserError("the offline policy needs the whole trace")
@@ -234,7 +178,7 @@ def _marconi(p, spec, cap, grid):
     return PrefixCache(spec, cap, alpha=_alpha(p), grid=grid, **knobs, **_common(p))
 
 
-def _marconi_plus(p, spec, cap, grid, host: HostTier | None = None):
+def _marconi_plus(p, spec, cap, grid):
     weight = ReuseWeight(branch_bonus=_number(p, "bonus", float, defaults.BRANCH_BONUS, 0.0),
                          half_life=_number(p, "half_life", float, math.inf, 1.0),
                          chain_weight=_number(p, "chain", float, defaults.CHAIN_WEIGHT, 0.0))
@@ -248,7 +192,7 @@ def _marconi_plus(p, spec, cap, grid, host: HostTier | None = None):
     threshold = _number(p, "end_threshold", float, defaults.END_THRESHOLD, 0.0) if ghost_tokens else None
     plus = dict(reuse_weight=weight, ghost_tokens=ghost_tokens, end_threshold=threshold)
     if _materialise(p) is not None:
-        return _in_sglang(p, spec, cap, alpha=0.0, host=host, **plus)
+        return _in_sglang(p, spec, cap, alpha=0.0, **plus)
     return PrefixCache(spec, cap, grid=grid, **plus, **_common(p))
 
 
@@ -270,14 +214,12 @@ def _materialise(p: PolicySpec):
                        track_grid=sglang_track_grid(grid, _number(p, "track", int, 256, 1)))
 
 
-def _in_sglang(p: PolicySpec, spec, cap, alpha, knobs=None, host: HostTier | None = None,
-               **plus):
+def _in_sglang(p: PolicySpec, spec, cap, alpha, knobs=None, **plus):
     """Marconi as the SGLang plugin runs it: SGLang's snapshot grids and branch rule and the
     plugin's default of no per-request cap (``max_states`` sets one). A fixed alpha or
     marconi+ runs inside the model of SGLang's unified buffer or static pools
     (``policy.in_sglang``: its walks, ``overlap=1``: the overlap loop's 2 tracking slots),
-    marconi+ with ``host`` on static pools behind SGLang's host tier
-    (``policy.in_sglang_host``); ``alpha=auto|online`` keep the simulator's eviction (room
+    ``alpha=auto|online`` keep the simulator's eviction (room
     made when a request's states are inserted, docs/usage.md)."""
     grids = _materialise(p)
     max_states = _number(p, "max_states", int, NO_CAP, 0)
@@ -293,14 +235,7 @@ def _in_sglang(p: PolicySpec, spec, cap, alpha, knobs=None, host: HostTier | Non
     common = dict(grids=grids, max_states_per_request=max_states,
                   tracking_slots=2 if _number(p, "overlap", int, 0, 0) else 1,
                   kv_tokens=kv_tokens, state_slots=state_slots, **plus)
-    if host is None:
-        return MarconiSGLangCache(spec, cap, alpha=alpha, **common)
-    if pools is None:
-        raise UserError(f"--hicache-*: policy {p.label!r} needs static pools "
-                        "(kv_tokens=K:state_slots=S, or sim --cache-gb / --kv-tokens): "
-                        "SGLang's host tier is built over them, not over the unified buffer")
-    return MarconiHiCache(spec, host=host.pools(spec, kv_tokens, state_slots, grids.page),
-                          **common)
+    return MarconiSGLangCache(spec, cap, alpha=alpha, **common)
 
 
 def _static_pools(p: PolicySpec, page: int):
@@ -316,18 +251,11 @@ def _static_pools(p: PolicySpec, page: int):
     return None if kv_tokens is None else (kv_tokens, state_slots)
 
 
-def _sglang(p, spec, cap, grid, host: HostTier | None = None):
+def _sglang(p, spec, cap, grid):
     page = _number(p, "page", int, 64, 1)
     kv_tokens, state_slots = _static_pools(p, page) or (None, None)
     knobs = dict(chunk=_number(p, "chunk", int, 8192), track=_number(p, "track", int, 256, 1),
                  page=page, tracking_slots=2 if _number(p, "overlap", int, 0, 0) else 1)
-    if host is not None:
-        if kv_tokens is None:
-            raise UserError(f"--hicache-*: policy {p.label!r} needs static pools "
-                            "(kv_tokens=K:state_slots=S): SGLang's host tier is built over "
-                            "them, not over the unified buffer")
-        return StockHiCache(spec, host=host.pools(spec, kv_tokens, state_slots, page),
-                            kv_tokens=kv_tokens, state_slots=state_slots, **knobs)
     return StockSGLangCache(spec, cap, kv_tokens=kv_tokens, state_slots=state_slots, **knobs)
 
 

@@ -15,16 +15,16 @@ import numpy as np
 from tqdm import tqdm
 
 from sglang_marconi.sim.latency import LatencyModel
-from sglang_marconi.sim.policies import HostTier, PolicySpec, build_cache
+from sglang_marconi.sim.policies import PolicySpec, build_cache
 
 LONG_REQUEST = 7000  # tokens: the paper's short / long split (Fig. 10)
 
 
 def run_policy(trace, spec, capacity, policy: PolicySpec, grid: int = 1,
                latency: LatencyModel | None = None, progress: bool = False,
-               position: int = 0, host: HostTier | None = None) -> dict:
+               position: int = 0) -> dict:
     latency = latency or LatencyModel()
-    cache = build_cache(policy, spec, capacity, grid, trace, host)
+    cache = build_cache(policy, spec, capacity, grid, trace)
     hits = np.zeros(len(trace), dtype=np.int64)
     requests = trace.requests
     it = range(len(requests))
@@ -67,9 +67,6 @@ def summarize(cache, trace, hits, spec, latency, wall) -> dict:
         "alpha": _alpha(cache),
         "wall_s": wall,
     }
-    host = getattr(cache, "host_stats", None)
-    if host is not None:  # the host tier (``policy.stock_host``): ``ab``'s host section
-        out["host"] = host.as_dict()
     tuner = getattr(cache, "tuner", None)
     if tuner is not None:
         out["alpha_tuned"] = tuner.tuned
@@ -91,28 +88,24 @@ _FORK_STATE: dict = {}
 
 
 def _run_forked(args):
-    trace, spec, capacity, grid, latency, host = _FORK_STATE["shared"]
+    trace, spec, capacity, grid, latency = _FORK_STATE["shared"]
     policy, position = args
-    return policy.label, run_policy(trace, spec, capacity, policy, grid, latency, False, position,
-                                    host)
+    return policy.label, run_policy(trace, spec, capacity, policy, grid, latency, False, position)
 
 
 def simulate(trace, spec, capacity, policies, grid: int = 1, latency: LatencyModel | None = None,
-             progress: bool = True, jobs: int = 1, host: HostTier | None = None) -> dict:
-    """Replay ``trace`` through every policy; returns {"policies": {label: metrics}, ...}.
-    ``host``: the host tier (``--hicache-*``; sglang and marconi+:materialise=sglang on static
-    pools)."""
+             progress: bool = True, jobs: int = 1) -> dict:
+    """Replay ``trace`` through every policy; returns {"policies": {label: metrics}, ...}."""
     latency = latency or LatencyModel()
     results: dict[str, dict] = {}
     if jobs > 1 and len(policies) > 1:
-        _FORK_STATE["shared"] = (trace, spec, capacity, grid, latency, host)
+        _FORK_STATE["shared"] = (trace, spec, capacity, grid, latency)
         with mp.get_context("fork").Pool(min(jobs, len(policies))) as pool:
             for label, res in pool.imap(_run_forked, [(p, i) for i, p in enumerate(policies)]):
                 results[label] = res
     else:
         for i, p in enumerate(policies):
-            results[p.label] = run_policy(trace, spec, capacity, p, grid, latency, progress, 0,
-                                          host)
+            results[p.label] = run_policy(trace, spec, capacity, p, grid, latency, progress, 0)
     add_ceiling_fractions(results)
     return {
         "trace": trace.name,

@@ -8,7 +8,7 @@ the simulator gets the same two pools, ``sim_pools``).
 ``ab --cache-gb G --memory unified --caches stock --per-request`` replays a trace through
 SGLang's own ``UnifiedRadixCache`` on one unified buffer sized the way a server sizes it
 (``driver/sizing.py``); the simulator's ``sglang`` policy (``policy.stock``) replays the
-same requests in one byte budget. ``sim_capacity`` (``driver.sizing``) is the budget that
+same requests in one byte budget. ``sim_capacity`` is the budget that
 gives both the same bytes: not ``sim --capacity 100GB`` (10**11 bytes; ``--cache-gb`` is in
 GiB, and the unified buffer is what is left after SGLang's sizing), but the buffer's whole
 KV pages less the state slot 0 SGLang reserves.
@@ -25,13 +25,23 @@ points, the share of requests whose hits are identical, and the requests that di
 """
 from __future__ import annotations
 
-from sglang_marconi.driver.sizing import sim_capacity
 from sglang_marconi.policy.stock import StockSGLangCache
 from sglang_marconi.sim.policies import build_cache, parse_policy
 from marconi_reports.formatting import table, text_table
 
 TARGET_PP = 0.5         # issue 18: within 0.5 percentage points of FLOPs saved
 TARGET_IDENTICAL = 0.98  # ... and identical per-request hits for >= 98% of requests
+
+
+def sim_capacity(sizes) -> int:
+    """The simulator's byte budget for ``ab``'s unified buffer (``PoolSizes`` of mode
+    "unified"): SGLang's KV side hands out whole pages of the buffer
+    (``floor(unified bytes / page bytes)``) and slot 0 of the state side is reserved (one
+    state's bytes; ``unified_memory_pool.py``, ``min_slot_index`` 1)."""
+    if sizes.mode != "unified":
+        raise ValueError("the simulator's one budget models the unified buffer only")
+    page_bytes = sizes.page_size * sizes.kv_bytes_per_token
+    return sizes.unified_bytes // page_bytes * page_bytes - sizes.state_bytes
 
 
 def sim_pools(sizes) -> dict:

@@ -22,7 +22,7 @@ from typing import Optional
 from sglang_marconi.driver.pools import PoolConfig
 from sglang_marconi.driver.sizing import size_pools
 from sglang_marconi.model import preset_spec
-from sglang_marconi.policy.stock_host import ratio_for_size
+from sglang_marconi.cli.host_flags import ratio_for_size
 from marconi_reports import cell_runs
 from marconi_reports.formatting import table
 from sglang_marconi.sglang_integration.options import MarconiSettings
