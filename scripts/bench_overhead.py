@@ -1,11 +1,11 @@
-"""Benchmark: cache bookkeeping overhead of the Marconi cache against stock SGLang (issue 6).
+"""Benchmark: cache bookkeeping overhead of the Marconi cache against stock SGLang.
 
 1. Replay: the same requests of the shared Mooncake trace through stock
    ``UnifiedRadixCache`` (compiled core "stock", python core "stock-python") and
-   ``MarconiUnifiedRadixCache`` ("marconi", a fixed alpha; ``--auto``: "marconi-auto",
-   ``--online``: "marconi-online", ``--plus``: "marconi+"), interleaved request by request.
+   ``MarconiUnifiedRadixCache`` ("marconi", what ``--cache-policy marconi`` runs; ``--paper``:
+   "marconi-paper", the paper's ranking at ``--alpha``), interleaved request by request.
    Printed: mean, P50 and P99 ms per request, the ratio to each stock core, mean, P99 and
-   max ms per cache call (alpha tuning included), PASS/MISS for the targets (marconi mean
+   max ms per cache call, PASS/MISS for the targets (marconi mean
    within 1.15x of stock, the compiled core; no cache call over 50 ms), and peak Python
    memory from a separate, untimed tracemalloc pass.
 2. Scaling: trees of about 1K, 10K and 100K nodes, pools full ("state" or "kv"), time per
@@ -16,7 +16,7 @@ How each part measures: ``scripts/lib/marconi_reports/overhead.py``; the report:
 ``marconi_reports/overhead_report.py``.
 A benchmark, not a test: exits 0 either way (1 with ``--strict`` on a MISS).
 
-Usage: .venv/bin/python scripts/bench_overhead.py [--quick] [--limit N] [--auto] [--online]
+Usage: .venv/bin/python scripts/bench_overhead.py [--quick] [--limit N] [--paper]
        [--sizes 1000,10000,100000] [--json PATH] [--strict]
 """
 from __future__ import annotations
@@ -40,14 +40,10 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="qwen3_next")
     ap.add_argument("--kv-tokens", type=int, default=1_500_000)
     ap.add_argument("--mamba-slots", type=int, default=200)
-    ap.add_argument("--alpha", type=float, default=1.0, help="marconi's fixed alpha")
-    ap.add_argument("--auto", action="store_true",
-                    help="add a marconi-auto column (alpha=auto: its tuning replay runs in "
-                         "slices, one per finished request)")
-    ap.add_argument("--online", action="store_true",
-                    help="add a marconi-online column (--marconi-alpha online)")
-    ap.add_argument("--plus", action="store_true",
-                    help="add a marconi+ column (--cache-policy marconi+)")
+    ap.add_argument("--alpha", type=float, default=1.0,
+                    help="the marconi-paper column's fixed alpha")
+    ap.add_argument("--paper", action="store_true",
+                    help="add a marconi-paper column (--marconi-alpha ALPHA: the paper's ranking)")
     ap.add_argument("--memory-limit", type=int, default=500,
                     help="requests of the tracemalloc pass (0: skip it)")
     ap.add_argument("--sizes", default="1000,10000,100000", help="tree sizes for scaling")

@@ -152,7 +152,7 @@ def format_table(results: dict) -> str:
         if m:
             adm = ", ".join(f"{k}={v}" for k, v in m["states_admitted"].items())
             ev = ", ".join(f"{k}={v}" for k, v in m["states_evicted"].items())
-            plus = m.get("alpha_mode") == "marconi+"
+            plus = m.get("ranking") == "reuse-weighted"
             skipped = f"; end states skipped {m['end_states_skipped']}" if plus else ""
             policy = ("reuse-weighted FLOPs per byte with GDSF aging" if plus
                       else f"the paper's ranking, alpha={m['alpha']:g}")

@@ -75,10 +75,10 @@ class MarconiPolicyState(AdmissionPlans):
         self.capacity_bytes = (kv_tokens * spec.kv_bytes_per_token
                                + state_slots * spec.ssm_state_bytes)
         self.state_slots = state_slots
-        self.stats.alpha_mode = "fixed"
+        self.stats.ranking = "alpha"
         self.reuse = self.ghost = self.end_usefulness = None
         if settings.plus:
-            self.stats.alpha_mode = "marconi+"
+            self.stats.ranking = "reuse-weighted"
             self.reuse = ReuseWeight()
             ghost_tokens = int(settings.ghost_factor * kv_tokens)
             if ghost_tokens > 0:

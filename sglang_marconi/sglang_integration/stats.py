@@ -38,7 +38,7 @@ class MarconiStats:
     rejected: int = 0
     end_states_skipped: int = 0    # marconi+: final states not admitted (learned rate)
     evicted: Counter = field(default_factory=Counter)
-    alpha_mode: str = "fixed"      # fixed (the paper's ranking) or marconi+ (reuse-weighted)
+    ranking: str = "alpha"         # "alpha" (the paper's) or "reuse-weighted"
     bookkeeping_seconds: float = 0.0  # the cache's match / insert / evict calls
     loaded_back: int = 0           # HiCache: states loaded back from the host tier
     # HiCache: host victims the two-tier rule chose ("full": host leaves, "mamba": host
@@ -63,7 +63,7 @@ class MarconiStats:
             "states_rejected": self.rejected,
             "end_states_skipped": self.end_states_skipped,
             "states_evicted": {r: self.evicted[r] for r in EVICT_REASONS},
-            "alpha_mode": self.alpha_mode,
+            "ranking": self.ranking,
             "host_evicted": {t: self.host_evicted[t] for t in ("full", "mamba")},
             "bookkeeping_seconds": self.bookkeeping_seconds,
         }
@@ -71,7 +71,7 @@ class MarconiStats:
     def summary_line(self) -> str:
         adm = ", ".join(f"{r}={self.admitted[r]}" for r in ADMIT_REASONS)
         ev = ", ".join(f"{r}={self.evicted[r]}" for r in EVICT_REASONS)
-        policy = ("reuse-weighted" if self.alpha_mode == "marconi+"
+        policy = ("reuse-weighted" if self.ranking == "reuse-weighted"
                   else f"alpha={self.alpha:g}")
         return (f"Marconi cache: {policy}"
                 f" requests={self.requests} token_hit_rate={self.token_hit_rate:.3f}"

@@ -3,8 +3,8 @@ docs/overhead.md); ``marconi_reports.overhead_report`` prints them.
 
 1. Replay (``replay_timing``). The same requests go through stock ``UnifiedRadixCache``
    with its compiled tree core ("stock") and with its python core ("stock-python"), and
-   through ``MarconiUnifiedRadixCache`` ("marconi", a fixed alpha; "marconi-auto" with
-   alpha=auto, "marconi+"). All caches are built first and the requests are interleaved:
+   through ``MarconiUnifiedRadixCache`` ("marconi", what ``--cache-policy marconi`` runs;
+   "marconi-paper", the paper's ranking at a fixed alpha). All caches are built first and the requests are interleaved:
    request i goes through every cache (in rotating order) before request i+1, so load from
    other processes on the machine falls on every cache alike; each cache keeps its own copy
    of SGLang's process-global access-time counter, so every cache makes the decisions it
@@ -60,11 +60,9 @@ def _base(name: str) -> str:
 
 
 def _settings(name: str, alpha: float):
-    if name == "marconi+":
-        return MarconiSettings(alpha=0.0, plus=True)
-    if name in ("marconi-auto", "marconi-online"):
-        return MarconiSettings(alpha=name.split("-")[1])
-    return MarconiSettings(alpha=float(alpha))
+    """``marconi``: the product's settings; ``marconi-paper``: the paper's ranking at
+    ``alpha``."""
+    return MarconiSettings(alpha=float(alpha)) if name == "marconi-paper" else MarconiSettings()
 
 
 def _node_count(cache):
@@ -143,7 +141,7 @@ def replay_timing(requests, cfg, names=REPLAY_CACHES, alpha: float = 1.0,
             "p50_ms": 1000 * quantile(times, 0.50),
             "p99_ms": 1000 * quantile(times, 0.99),
             "max_ms": 1000 * max(times),
-            # each cache call the scheduler makes, alpha tuning included (in on_release)
+            # each cache call the scheduler makes
             "call_mean_ms": 1000 * statistics.fmean(run["calls"].seconds),
             "call_p99_ms": 1000 * quantile(run["calls"].seconds, 0.99),
             "call_max_ms": 1000 * run["calls"].max,
@@ -151,11 +149,7 @@ def replay_timing(requests, cfg, names=REPLAY_CACHES, alpha: float = 1.0,
         if hasattr(cache, "marconi"):
             m = cache.marconi.stats
             col["alpha"] = m.alpha
-            col["tuning_s"] = m.tuning_seconds
-            col["tuning_slices"] = m.tuning_slices
-            col["tuned_at"] = m.tuned_at
-            # the mean without the tuning slices (spread over ``tuning_slices`` requests)
-            col["mean_ms_without_tuning"] = 1000 * (sum(times) - m.tuning_seconds) / len(times)
+            col["ranking"] = m.ranking
         results[run["name"]] = col
     del runs
     gc.collect()

@@ -30,7 +30,7 @@ REPLAY_COLUMNS = (("cache", "<14"), ("alpha", ">6"), ("mean ms", ">9"), ("P50 ms
                   ("P99 ms", ">8"), ("evict ms", ">9"), ("evicts", ">7"), ("mean/stock", ">11"),
                   ("P99/stock", ">10"), ("mean/py", ">8"), ("P99/py", ">7"),
                   ("call mean ms", ">13"), ("call P99 ms", ">12"), ("call max ms", ">12"))
-CALL_LIMIT_MS = 50.0  # the longest single cache call allowed, tuning included
+CALL_LIMIT_MS = 50.0  # the longest single cache call allowed
 MEMORY_COLUMNS = (("cache", "<14"), ("peak MiB", ">9"), ("end MiB", ">8"), ("hit rate", ">9"),
                   ("states in", ">10"), ("states out", ">11"))
 SCALING_COLUMNS = (("scenario", "<9"), ("nodes", ">9"), ("cache", ">14"), ("tree nodes", ">11"),
@@ -65,10 +65,6 @@ def format_replay(timing: dict, memory: dict, target: float) -> str:
                  "scheduler makes: match, lock, unlock, checkpoint, evict, free, release)")
     for n in names:
         t = timing[n]
-        if t.get("tuning_s"):
-            lines.append(f"{n}: tuned alpha to {t['alpha']:g} at request {t['tuned_at']} in "
-                         f"{t['tuning_slices']} slices, {t['tuning_s']:.1f} s in all; mean "
-                         f"without the slices {t['mean_ms_without_tuning']:.2f} ms")
     if "marconi" in timing and "stock" in timing:
         r = ratios(timing)["stock"]["mean"]
         lines.append(f"target: marconi mean within {target:g}x of stock (compiled core): "
@@ -131,9 +127,7 @@ def run(args) -> int:
         requests = load_requests(Path(args.trace), args.limit)
         cfg = replay_config(requests, args.model, args.kv_tokens, args.mamba_slots,
                             alpha=args.alpha)
-        names = (REPLAY_CACHES + (("marconi-auto",) if args.auto else ())
-                 + (("marconi-online",) if getattr(args, "online", False) else ())
-                 + (("marconi+",) if args.plus else ()))
+        names = REPLAY_CACHES + (("marconi-paper",) if args.paper else ())
         print(f"replay: {args.trace}: {len(requests):,} requests, "
               f"{sum(len(r.input_ids) for r in requests):,} input tokens, model {spec.name}, "
               f"{cfg.pools.kv_tokens:,} KV token slots, {cfg.pools.mamba_slots} state slots, "
