@@ -150,7 +150,9 @@ def run_arch(arch: Arch, seed: int = 0, ssm_offset: int = 0, n_decode: int = N_D
 def _run_arch(arch, seed, ssm_offset, n_decode, tolerance, crosscheck, keep_dt_clamp,
               capacity_bytes):
     model = build_model(arch, seed, keep_dt_clamp=keep_dt_clamp)
-    spec = spec_from_hf_config(model.config, dtype="float32")
+    # transformers holds every state in the model's dtype (float32 here), not SGLang's
+    spec = spec_from_hf_config(model.config, dtype="float32", mamba_ssm_dtype="float32",
+                               env={"SGLANG_MAMBA_CONV_DTYPE": "float32"})
     server = _Server(arch, model, spec, make_cache(spec, capacity_bytes), ssm_offset, n_decode,
                      crosscheck and arch.ssm_family == "mamba2")
     history: dict[int, list[int]] = {}

@@ -288,6 +288,58 @@ def _mamba(r):
             ] * r.int("num_hidden_layers")
 
 
+def _jamba(r):
+    """Jamba (transformers only): Mamba1 or attention, each followed by an MLP or MoE."""
+    hidden = r.int("hidden_size")
+    dt_rank = getattr(r.cfg, "mamba_dt_rank", "auto")
+    dt_rank = math.ceil(hidden / 16) if dt_rank == "auto" else r.int("mamba_dt_rank")
+    mamba = mamba1_layer(hidden, r.int("mamba_expand") * hidden, r.int("mamba_d_state"),
+                         r.int("mamba_d_conv"), dt_rank, **_ssm_bytes(r))
+    experts = list(r.cfg.layers_num_experts)
+    layers = []
+    for i, t in enumerate(r.types("layers_block_type")):
+        layers.append(mamba if t == "mamba" else _attention(r))
+        if experts[i] > 1:
+            layers.append(MLPLayer(hidden, expert_size=r.int("intermediate_size"),
+                                   active_experts=r.int("num_experts_per_tok"),
+                                   num_experts=experts[i]))
+        else:
+            layers.append(MLPLayer(hidden, dense_size=r.int("intermediate_size")))
+    return layers
+
+
+def _bamba(r):
+    """Bamba (transformers only): Mamba2 or attention, each followed by a gated MLP."""
+    hidden = r.int("hidden_size")
+    mamba = mamba2_layer(hidden, r.int("mamba_expand") * hidden, r.int("mamba_n_heads"),
+                         r.int("mamba_d_state"), r.int("mamba_n_groups"), r.int("mamba_d_conv"),
+                         **_ssm_bytes(r))
+    mlp = MLPLayer(hidden, dense_size=r.int("intermediate_size"))
+    layers = []
+    for t in r.types("layers_block_type"):
+        layers += [mamba if t == "mamba" else _attention(r), mlp]
+    return layers
+
+
+def _zamba2(r):
+    """Zamba2 (transformers only): Mamba2 in every layer; 'hybrid' layers also run the
+    shared transformer block (attention over the 2*hidden concatenation, own KV per
+    invocation, then a gated MLP)."""
+    hidden = r.int("hidden_size")
+    mamba = mamba2_layer(hidden, r.int("mamba_expand") * hidden, r.int("n_mamba_heads"),
+                         r.int("mamba_d_state"), r.int("mamba_ngroups"), r.int("mamba_d_conv"),
+                         **_ssm_bytes(r))
+    heads = r.int("num_attention_heads")
+    attn = AttentionLayer(hidden, heads, r.int("num_key_value_heads", heads),
+                          r.int("attention_head_dim"), r.dtypes.kv_bytes,
+                          in_dim=r.int("attention_hidden_size"), tp=r.tp)
+    mlp = MLPLayer(hidden, dense_size=r.int("intermediate_size"))
+    layers = []
+    for t in r.types("layers_block_type"):
+        layers += [attn, mlp, mamba] if t == "hybrid" else [mamba]
+    return layers
+
+
 BUILDERS = {
     "nemotron_h": _nemotron_h,
     "qwen3_next": _qwen3_next,
@@ -301,6 +353,10 @@ BUILDERS = {
     "mamba2": _mamba2,
     "mamba": _mamba,
     "falcon_mamba": _mamba,
+    # transformers-only hybrids that SGLang 0.5.23 does not serve (verify-exact's models)
+    "jamba": _jamba,
+    "bamba": _bamba,
+    "zamba2": _zamba2,
 }
 MULTIMODAL_WRAPPERS = {"qwen3_5", "qwen3_5_moe"}  # the language model is in text_config
 # SGLang 0.5.23 config classes defining mamba2_cache_params that no builder covers, with why
