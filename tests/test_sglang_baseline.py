@@ -263,7 +263,7 @@ def test_static_pools_need_both_sizes(paper_spec):
 
 def test_simulator_runs_the_policy():
 
-    text = run_cli(sim_cli, "--workload", "chat", "--param", "sessions=6", "--policies",
+    text = run_cli(sim_cli, "--paper", "--workload", "chat", "--param", "sessions=6", "--policies",
                    "sglang,paper-sglang+", "--capacity", "2GB", "--json", "--no-progress")
     res = json.loads(text)["policies"]
     assert res["sglang"]["alpha"] == 0.0

@@ -35,8 +35,10 @@ def retraction_requests():
 
 
 def retraction_setup(overlap_kwargs: dict) -> ServeSetup:
-    """Static pools as they were built at 60b8b61 (2 tracking slots), 8 running."""
-    spec = preset_spec("qwen3_next")
+    """Static pools as they were built at 60b8b61 (2 tracking slots), 8 running; the cost
+    model's bytes as they were then (a bfloat16 temporal state: SGLang's float32 default
+    came later and doubles the state the GPU time model moves)."""
+    spec = preset_spec("qwen3_next", mamba_ssm_dtype="bfloat16")
     reqs = retraction_requests()
     longest = max(len(r.input_ids) + r.output_len for r in reqs)
     pools = PoolConfig(kv_tokens=4096, mamba_slots=40, max_context_len=longest + 128,
