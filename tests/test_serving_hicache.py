@@ -169,8 +169,10 @@ def _trace(tmp_path):
     return str(path)
 
 
-BASE = ("--model", "qwen3_next", "--cache-gb", "0.6", "--page-size", "16",
-        "--chunked-prefill-size", "1024", "--no-progress", "--bookkeeping", "off")
+# a bfloat16 temporal state (--mamba-ssm-dtype): the 0.6 GB pools were sized in those bytes
+BASE = ("--model", "qwen3_next", "--mamba-ssm-dtype", "bfloat16", "--cache-gb", "0.6",
+        "--page-size", "16", "--chunked-prefill-size", "1024", "--no-progress",
+        "--bookkeeping", "off")
 
 
 def _table_script():
@@ -245,6 +247,7 @@ def test_cli_flags_reach_the_pools(tmp_path):
     args = parser.parse_args(["--trace", _trace(tmp_path), *BASE, "--hicache-size", "2",
                               "--hicache-storage-backend", "file"])
     _, setup, sizes = serve_sim.build_setup(args)
-    assert setup.pools.hicache_ratio == host_ratio(args, SPEC, sizes.kv_tokens,
+    assert setup.pools.hicache_ratio == host_ratio(args, setup.spec, sizes.kv_tokens,
                                                    sizes.mamba_slots) > 0
+    assert setup.spec.cache_dtypes.temporal == "bfloat16"  # --mamba-ssm-dtype reached it
     assert setup.pools.hicache_write_policy == "write_through" and setup.l3

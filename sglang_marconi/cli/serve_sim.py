@@ -346,8 +346,8 @@ def _run(args) -> int:
     else:
         print(f"serve-sim {args.trace}: {len(requests)} requests, model {setup.spec.name}; "
               f"{sizes.describe()}; {setup.time_model.describe()}")
-        print(describe_model(setup.spec))
         print(format_table(result["runs"]))
+        print(describe_model(setup.spec))
         for line in format_ratios(ratios):
             print(line)
     report_crashes(result["runs"])
@@ -402,7 +402,7 @@ def _run_cluster(args, requests, setup, sizes, caches, loads, routers, options,
         print(f"serve-sim {args.trace}: {len(requests)} requests, {args.replicas} replicas "
               f"of {sizes.describe()}; model {setup.spec.name}; "
               f"{setup.time_model.describe()}")
-        print(describe_model(setup.spec))
         print(format_table(runs, CLUSTER_COLUMNS))
+        print(describe_model(setup.spec))
     report_crashes(runs)
     return 0
