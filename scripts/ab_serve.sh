@@ -3,7 +3,7 @@
 #
 #   scripts/ab_serve.sh MODEL [extra sglang server flags...]
 #
-# For each policy in POLICIES (default: lru = stock, then marconi; add marconi+) it starts
+# For each policy in POLICIES (default: lru = stock, then marconi) it starts
 #   python -m sglang_marconi.launch_server --model-path MODEL --cache-policy POLICY ...
 # waits for /health, runs sglang.benchmark.serving on two workloads, stops the server:
 #   1. the shared Mooncake trace (its `mooncake` dataset, timestamps replayed), and
@@ -13,11 +13,11 @@
 # Environment (all optional):
 #   PORT=30000  TRACE=../shared/traces/mooncake/synthetic_trace.jsonl
 #   MOONCAKE_PROMPTS=1000  MOONCAKE_SLOWDOWN=1.0  MULTITURN_GROUPS=32
-#   MARCONI_FLAGS="--marconi-alpha auto" (marconi only)   POLICIES="lru marconi marconi+"
+#   MARCONI_FLAGS="--marconi-alpha 1" (marconi only: the paper's ranking)   POLICIES="lru marconi"
 #   OUT=ab_serve_results   PYTHON=python
 #
 # On a CPU-only machine: scripts/ab_serve.sh --cpu [--model qwen3_next|nemotron_h]
-#   [--buffer extra_buffer|no_buffer] [--policies stock,marconi,marconi+]
+#   [--buffer extra_buffer|no_buffer] [--policies stock,marconi,marconi-alpha]
 # starts live CPU servers (SGLang's real server, forward replaced: docs/live_server.md)
 # with capped pools and prints the table from the servers' own counters
 # (scripts/ab_serve_cpu.py).

@@ -10,7 +10,7 @@ table from each server's own counters (``/metrics``: prompt and cached tokens, M
 FLOPs saved). Outputs and timings are not a model's (the forward is replaced): the table
 compares what each cache reuses, not speed.
 
-    scripts/ab_serve.sh --cpu [--model qwen3_next|nemotron_h] [--policies stock,marconi,marconi+]
+    scripts/ab_serve.sh --cpu [--model qwen3_next|nemotron_h] [--policies stock,marconi,marconi-alpha]
 """
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     parser.add_argument("--buffer", choices=sorted(BUFFERS), default="extra_buffer",
                         help="extra_buffer (SGLang's default for hybrids, overlap loop) or "
                              "no_buffer (normal loop)")
-    parser.add_argument("--policies", default="stock,marconi,marconi+")
+    parser.add_argument("--policies", default="stock,marconi")
     parser.add_argument("--out", default=None, help="folder for logs and raw results")
     args = parser.parse_args(argv)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]

@@ -6,7 +6,7 @@ A tiny Qwen3-Next and a tiny Nemotron-H with seeded random fp32 weights
 attention, pools and COW copies; torch versions of the ``sgl_kernel`` ops and of the
 Mamba2 Triton kernels). For each model, a scripted stream (``build_stream``) runs first
 on a server with ``--disable-radix-cache``; its inputs (continuations carry that server's
-outputs) are then sent, in the same order, to stock, marconi and marconi-paper servers under
+outputs) are then sent, in the same order, to stock, marconi and marconi-alpha servers under
 no_buffer (overlap off) and extra_buffer (overlap on). The order makes them resume from branch,
 chunk, decode-track and end-of-request states, forks, and after evictions under tight
 pools. ``compare`` checks greedy tokens and logprobs position by position.
@@ -52,8 +52,8 @@ CONFIGS = [(buffer, policy) for buffer in EXACT_BUFFERS for policy in POLICIES]
 # time budget); MARCONI_LIVE_EXACT=full runs all nine per model (verify-exact --live always
 # does)
 QUICK_CONFIGS = {"qwen3_next": [("no_buffer", "marconi"), ("extra_buffer", "stock"),
-                                ("extra_buffer_normal_loop", "marconi-paper")],
-                 "nemotron_h": [("no_buffer", "marconi-paper"), ("extra_buffer", "marconi")]}
+                                ("extra_buffer_normal_loop", "marconi-alpha")],
+                 "nemotron_h": [("no_buffer", "marconi-alpha"), ("extra_buffer", "marconi")]}
 FULL_ENV = "MARCONI_LIVE_EXACT"
 NEGATIVE = ("no_buffer", "stock-perturbed")
 NEGATIVE_STEPS = 5        # shared-1 .. turn-2: chunk, branch and end-state hits

@@ -10,7 +10,7 @@ MODELS = ("nemotron_h", "qwen3_next")
 PAGE = {("nemotron_h", "extra_buffer"): 16}
 # the last configuration, Qwen3-Next with SGLang's defaults and --cache-policy marconi,
 # stays up for test_live_tools.py
-CONFIGS = [(m, b, p) for m in MODELS for b in BUFFERS for p in ("stock", "marconi-paper", "marconi")]
+CONFIGS = [(m, b, p) for m in MODELS for b in BUFFERS for p in ("stock", "marconi-alpha", "marconi")]
 LAST = CONFIGS[-1]
 
 

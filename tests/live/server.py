@@ -35,10 +35,12 @@ BUFFERS = {
     "no_buffer": ["--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule"],
     "extra_buffer": ["--mamba-radix-cache-strategy", "extra_buffer"],
 }
-# marconi-paper: the paper's ranking (a fixed alpha) and admission, as ab's column of that name
+# marconi-alpha: the paper's ranking at a fixed alpha (every state SGLang takes admitted)
 POLICIES = {"stock": [], "marconi": ["--cache-policy", "marconi"],
-            "marconi-paper": ["--cache-policy", "marconi", "--marconi-alpha", "1",
-                              "--marconi-max-states-per-request", "2"]}
+            "marconi-alpha": ["--cache-policy", "marconi", "--marconi-alpha", "1"]}
+# what ab replays each server with: its column and flags
+AB_CACHES = {"stock": ("stock", []), "marconi": ("marconi", []),
+             "marconi-alpha": ("marconi", ["--marconi-alpha", "1"])}
 LEARNED_ADMISSION = {"marconi"}  # may decline end / track states (learned end admission)
 
 

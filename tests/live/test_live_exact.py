@@ -2,7 +2,7 @@
 code (live, CPU).
 
 For each model (one after the other), one server per configuration (``exact_live``): the
-reference with ``--disable-radix-cache`` first, then stock / marconi / marconi-paper under
+reference with ``--disable-radix-cache`` first, then stock / marconi / marconi-alpha under
 no_buffer (overlap off), extra_buffer (overlap on) and extra_buffer with overlap off, then
 the negative control; each gets the reference's inputs in order. Qwen3-Next runs three of
 the nine configurations (each buffer and loop, each policy once) and Nemotron-H two unless

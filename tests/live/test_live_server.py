@@ -3,7 +3,7 @@
 Every test runs against each configuration of ``conftest.CONFIGS`` (Qwen3-Next and
 Nemotron-H; no_buffer with the normal loop, extra_buffer with SGLang's default overlap
 loop; stock, ``--cache-policy marconi`` with default flags, and with the paper's ranking
-(``--marconi-alpha 1``) and admission (``marconi-paper``)), one server per
+(``--marconi-alpha 1``: ``marconi-alpha``)), one server per
 configuration. What is asserted comes from the server: ``meta_info.cached_tokens``, the
 OpenAI ``usage``, ``/metrics``, the server's log (SGLang's own idle leak check).
 """
@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from live_configs import page_size
-from server import LEARNED_ADMISSION
+from server import AB_CACHES, LEARNED_ADMISSION
 from sglang_marconi.cli.main import main as sglang_marconi_cli
 from streams import (CHUNKED_PREFILL, KV_TOKENS, MAMBA_SLOTS, TRACK_INTERVAL, run_stream,
                      write_session_trace)
@@ -39,13 +39,14 @@ def _replay(cfg, server, record, tmp_path) -> list:
             "--chunked-prefill-size", str(info["chunked_prefill_size"]),
             "--mamba-track-interval", str(info["mamba_track_interval"]),
             "--mamba-radix-cache-strategy", info["mamba_radix_cache_strategy"],
-            "--caches", policy, "--json", "--per-request", "--no-progress",
+            "--caches", AB_CACHES[policy][0], *AB_CACHES[policy][1],
+            "--json", "--per-request", "--no-progress",
             # the server's loop: the replay follows it (order, tracking slots)
             *(["--disable-overlap-schedule"] if info["disable_overlap_schedule"] else [])]
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert sglang_marconi_cli(argv) == 0
-    return json.loads(out.getvalue())["caches"][policy]["hit_tokens_per_request"]
+    return json.loads(out.getvalue())["caches"][AB_CACHES[policy][0]]["hit_tokens_per_request"]
 
 
 def test_server_runs_the_configuration(live):
@@ -64,7 +65,7 @@ def test_server_runs_the_configuration(live):
     else:
         assert "impl=MarconiUnifiedRadixCache" in log
         assert "policy=marconi" in log
-        assert ("paper's ranking, alpha 1" in log) == (policy == "marconi-paper")
+        assert ("paper's ranking, alpha 1" in log) == (policy == "marconi-alpha")
         # the cost model's bytes are the ones SGLang's pools hold
         assert "Marconi cache: SGLang's pools hold" in log
         assert "differ from the cost model" not in log
