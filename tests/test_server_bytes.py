@@ -45,7 +45,7 @@ FILES = {
     "lfm2_moe_like": None,
 }  # pure Mamba / Mamba2 have no KV: no prefix cache to rank (SGLang's Mamba2Config also
 # fails on Codestral's config: no ``intermediate_size``)
-KV_BYTES = {"auto": 2, "fp8_e4m3": 1}
+KV_BYTES = {"fp8_e4m3": 1}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -66,7 +66,8 @@ def _sglang_bytes(model_config, tp, kv_cache_dtype="auto"):
     with get_parallel().override(tp_size=tp, attn_tp_size=tp, moe_tp_size=tp):
         state = hf.mamba2_cache_params.mamba_cache_per_req
         layers = hf.full_attention_layer_ids
-        size = KV_BYTES[kv_cache_dtype]
+        size = (model_config.dtype.itemsize if kv_cache_dtype == "auto"
+                else KV_BYTES[kv_cache_dtype])
         if not layers:
             kv = 0
         elif model_config.attention_arch.name == "MLA":
@@ -219,3 +220,18 @@ def test_presets_are_the_published_models(name, preset, tmp_path):
     qwen3_next preset Qwen3-Next-80B-A3B: layer for layer, bytes and FLOPs."""
     spec = spec_from_config_path(_folder(tmp_path, name))
     assert preset_spec(preset).layers == spec.layers
+
+
+def test_a_float32_config_is_served_in_float16(tmp_path):
+    """SGLang's ``--dtype auto`` serves a float32 checkpoint in float16 (the live tests'
+    tiny models are float32): the KV pool holds 2-byte elements, and so does the spec."""
+    data = json.loads((CONFIGS / "qwen3_next_80b_a3b_instruct.json").read_text())
+    data["torch_dtype"] = "float32"
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    model_config = ModelConfig(str(tmp_path), trust_remote_code=False)
+    assert model_config.dtype == torch.float16
+    spec = spec_from_config_path(tmp_path)
+    assert (spec.dtype, spec.kv_bytes_per_token) == ("float16", _sglang_bytes(model_config, 1)[1])
+    from sglang_marconi.sglang_integration.backend import model_spec
+
+    assert model_spec(model_config).kv_bytes_per_token == spec.kv_bytes_per_token

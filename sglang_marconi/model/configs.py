@@ -375,8 +375,11 @@ SGLANG_REFUSED = {
 
 
 def _config_dtype(cfg) -> str:
-    value = getattr(cfg, "dtype", None)
-    return str(value).replace("torch.", "") if value else "bfloat16"
+    """The dtype SGLang serves a config in with ``--dtype auto`` (``model_config.py``
+    ``_get_and_verify_dtype``): the config's, float32 when it names none, and float32
+    served as float16."""
+    value = str(getattr(cfg, "dtype", None) or "float32").replace("torch.", "")
+    return "float16" if value in ("float32", "float") else value
 
 
 def spec_from_hf_config(cfg, name=None, dtype=None, *, kv_cache_dtype=None,

@@ -88,4 +88,6 @@ def preset_spec(name: str, dtype: str | None = None, **server) -> HybridModelSpe
                             "tensor-parallel flags")
         return paper_7b(dtype)
     key = name.replace("-", "_").lower()
-    return spec_from_hf_config(preset_config(name), name=key, dtype=dtype, **server)
+    # transformers' class defaults name no dtype; the published checkpoints are bfloat16
+    return spec_from_hf_config(preset_config(name), name=key, dtype=dtype or "bfloat16",
+                               **server)

@@ -18,11 +18,12 @@ def model_spec(model_config, server_args=None):
     from sglang_marconi.model import spec_from_hf_config
 
     hf = getattr(model_config, "hf_text_config", None) or model_config.hf_config
-    flags = {}
+    # the dtype the server resolved (``--dtype``; ``auto`` serves a float32 config in float16)
+    flags = {"dtype": str(model_config.dtype)} if getattr(model_config, "dtype", None) else {}
     if server_args is not None:
         kv = getattr(server_args, "kv_cache_dtype", None) or "auto"
-        flags = {"kv_cache_dtype": kv if kv in KV_CACHE_DTYPES else "auto",
-                 "tp_size": int(getattr(server_args, "tp_size", 1) or 1)}
+        flags.update(kv_cache_dtype=kv if kv in KV_CACHE_DTYPES else "auto",
+                     tp_size=int(getattr(server_args, "tp_size", 1) or 1))
     try:
         return spec_from_hf_config(hf, **flags)
     except Exception as exc:
