@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     ap.add_argument("--memory", default="unified", help="modes, comma-separated")
     ap.add_argument("--loops", default="overlap", help="overlap[,normal] (normal: reference)")
     ap.add_argument("--loads", default="0.5,0.8,0.95")
-    ap.add_argument("--caches", default="stock,marconi,marconi+")
+    ap.add_argument("--caches", default="stock,marconi")
     ap.add_argument("--seeds", default="0,1,2", help="seeds of the Poisson arrivals")
     ap.add_argument("--limit", default="600", help="first N requests of each trace")
     ap.add_argument("--bookkeeping", default="cpu", choices=("measured", "cpu", "off"),

@@ -31,7 +31,7 @@ MODELS = ("paper-7b", "qwen3_next")
 DEVICE_GB = 100
 HOST_GB = (200, 400)
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
-CACHES = ("stock", "marconi", "marconi+")
+CACHES = ("stock", "marconi+")  # marconi+: what --cache-policy marconi runs
 TARGET = ("paper-7b", 400, "write_through")  # marconi+ >= 1.2x stock here
 TARGET_GAIN = 1.2
 
