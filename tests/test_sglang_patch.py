@@ -69,7 +69,7 @@ def test_factories_build_the_marconi_cache(monkeypatch):
     cache = marconi_cache_factory(_ctx(build_pools(pc)[0]))  # the plugin's path
     assert isinstance(cache, MarconiUnifiedRadixCache)
     assert cache.marconi.alpha == 0.4 and cache.marconi.spec.name == "qwen3_next"
-    assert cache.marconi.reuse is None  # the paper's ranking
+    assert cache.marconi.ranking.name == "alpha"  # the paper's ranking
     memory = types.SimpleNamespace(cache_policy="marconi", marconi_alpha=None,
                                    marconi_max_states_per_request=2,
                                    marconi_host_rule="lru")
@@ -80,4 +80,4 @@ def test_factories_build_the_marconi_cache(monkeypatch):
                                    marconi_max_states_per_request=-1,
                                    marconi_host_rule="ranked")
     cache = native_cache_factory(_ctx(build_pools(pc)[0]), memory)
-    assert cache.marconi.alpha == 1.5 and cache.marconi.reuse is None
+    assert cache.marconi.alpha == 1.5 and cache.marconi.ranking.name == "alpha"

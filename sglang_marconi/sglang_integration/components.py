@@ -271,9 +271,9 @@ class MarconiMambaComponent(_ScoredQueue, MambaComponent):
             self.queue.discard(node)
             return
         policy = self.cache.marconi
-        if policy.reuse is not None:
-            # marconi+: the reuse weight this key is computed with (``children_changed``)
-            setattr(node, KEYED_WEIGHT, policy.reuse_weight(node))
+        if policy.ranking.weighs_nodes:
+            # the reuse weight this key is computed with (``children_changed``)
+            setattr(node, KEYED_WEIGHT, policy.ranking.weight(node))
         self.queue.update(node, state_recency(node), policy.state_pool_efficiency(node))
         if cd.lock_ref > 0:
             self.queue.suspend(node)
@@ -514,10 +514,10 @@ class MarconiFullComponent(_ScoredQueue, FullComponent):
         checkpointed ancestor, the hit count) re-key it where they change, so the key
         would come out the same."""
         policy = self.cache.marconi
-        if policy.reuse is None or not has_state(node):
+        if not policy.ranking.weighs_nodes or not has_state(node):
             return
         mamba = self.cache.components[MAMBA]
-        weight = policy.reuse_weight(node)  # records the child count, as a re-key would
+        weight = policy.ranking.weight(node)  # records the child count, as a re-key would
         if (mamba.queue is not None and mamba.queue.entry(node) is not None
                 and getattr(node, KEYED_WEIGHT, None) == weight):
             return

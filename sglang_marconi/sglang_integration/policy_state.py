@@ -35,8 +35,9 @@ from sglang_marconi.policy.defaults import NO_CAP
 from sglang_marconi.policy.ghost import GhostIndex
 from sglang_marconi.policy.host_tier import (HostLink, demoted_efficiency, host_efficiency,
                                              host_link_preset, tail_counts_toward_backup)
-from sglang_marconi.policy.likelihood import EndStateUsefulness, ReuseWeight
+from sglang_marconi.policy.likelihood import EndStateUsefulness
 from sglang_marconi.policy.ranking import ranked_efficiency
+from sglang_marconi.policy.rankings import AlphaRanking, ReuseWeightedRanking
 from sglang_marconi.policy.snapshot_admission import SnapshotPlan
 from sglang_marconi.sglang_integration.admission_plans import AdmissionPlans
 from sglang_marconi.sglang_integration.components import MAMBA as SGLANG_MAMBA
@@ -71,15 +72,17 @@ class MarconiPolicyState(AdmissionPlans):
         self.rekey_chains = None  # callable(is_chain): re-key the chain states (the cache)
         self.clock = 0  # request clock: ticks once per request match (state recency)
         self.extra_buffer = extra_buffer
-        self.alpha = settings.ranking_alpha
+        # the ranking (``policy.rankings``): the product's reuse-weighted one, or the
+        # paper's with a fixed alpha
+        self.ranking = (ReuseWeightedRanking() if settings.plus
+                        else AlphaRanking(settings.alpha))
+        self.alpha = self.ranking.alpha
         self.capacity_bytes = (kv_tokens * spec.kv_bytes_per_token
                                + state_slots * spec.ssm_state_bytes)
         self.state_slots = state_slots
-        self.stats.ranking = "alpha"
-        self.reuse = self.ghost = self.end_usefulness = None
-        if settings.plus:
-            self.stats.ranking = "reuse-weighted"
-            self.reuse = ReuseWeight()
+        self.stats.ranking = self.ranking.name
+        self.ghost = self.end_usefulness = None
+        if settings.plus:  # learned end-state admission, with the reuse-weighted ranking
             ghost_tokens = int(settings.ghost_factor * kv_tokens)
             if ghost_tokens > 0:
                 self.ghost = GhostIndex(ghost_tokens)
@@ -103,27 +106,29 @@ class MarconiPolicyState(AdmissionPlans):
 
     # -- scoring -------------------------------------------------------------------------
     @property
+    def reuse(self):
+        """The reuse weight's estimator (``likelihood.ReuseWeight``), None for the paper's
+        ranking; the learned end-state admission reads it (``snapshot_admission``)."""
+        return self.ranking.reuse
+
+    @reuse.setter
+    def reuse(self, estimator) -> None:  # tests fix the chain weight
+        self.ranking.reuse = estimator
+
+    @property
     def queue_mode(self) -> str:
-        """The ``VictimQueue`` mode: ``gdsf`` (reuse-weighted, aged) for marconi+."""
-        return "gdsf" if self.reuse is not None else "marconi"
+        """The ``VictimQueue`` mode: ``gdsf`` (reuse-weighted, aged) or ``marconi``."""
+        return self.ranking.queue_mode
 
     def _efficiency(self, node, freed_bytes: float) -> float:
         return ranked_efficiency(self.spec, SGLANG_TREE, node, freed_bytes,
-                                 self.reuse_weight if self.reuse is not None else None,
+                                 self.ranking.weight_fn,
                                  ancestor_depth=cached_state_depth, saved=self._saved)
 
     def _saved(self, node) -> float:
         """FLOPs a hit at ``node`` saves over its nearest checkpointed ancestor (kept on
         the node: ``components.cached_flops_saved``)."""
         return cached_flops_saved(self.spec, node)
-
-    def reuse_weight(self, node) -> float:
-        """marconi+: ``ReuseWeight`` of a tree node (its hit score and the most children it
-        was seen with are kept on the node)."""
-        if not hasattr(node, "hit_score"):
-            node.hit_score, node.last_hit, node.max_children = 0.0, 0, 0
-        node.max_children = max(node.max_children, len(node.children))
-        return self.reuse(node)
 
     def chain_weight_moved(self) -> None:
         """marconi+: the learned chain weight moved: re-key the chain states (queued or
@@ -141,19 +146,14 @@ class MarconiPolicyState(AdmissionPlans):
         round (and ``touch_prefix`` matches without one), which must not count as reuse.
         The node was locked by the request until then, so the weight it ranks by after
         the unlock is the one a count at match time would have given."""
-        if self.reuse is not None:
-            self.reuse_weight(node)  # make sure the node carries the counters
-            self.reuse.record_hit(node, self.clock)
-            if self.rekey is not None:
-                self.rekey(node)
+        if self.ranking.record_hit(node, self.clock) and self.rekey is not None:
+            self.rekey(node)
 
     def forget_hits(self, node) -> None:
         """marconi+: ``node`` lost its state but stays in the tree (a tombstone). Its hit
         count goes with the state (GDSF's in-cache frequency): a state inserted there later
         starts from none, as in the simulator, whose tree deletes or merges such a node."""
-        if self.reuse is not None and hasattr(node, "hit_score"):
-            node.hit_score, node.last_hit = 0.0, 0
-            node.max_children = len(node.children)
+        self.ranking.forget_hits(node)
 
     def state_pool_efficiency(self, node) -> float:
         """FLOP efficiency of the node's state per byte of the state pool (one state)."""
@@ -166,7 +166,7 @@ class MarconiPolicyState(AdmissionPlans):
         freed = self.spec.kv_bytes_per_token * len(node.key)
         e = self._efficiency(node, freed)
         if self.host_mode is not None and node.component_data[SGLANG_FULL].host_value is not None:
-            weight = self.reuse_weight(node) if self.reuse is not None else 1.0
+            weight = self.ranking.weight(node)
             e = demoted_efficiency(self.host_link, e, freed, self.spec.ssm_state_bytes, weight)
         return e
 
@@ -178,11 +178,7 @@ class MarconiPolicyState(AdmissionPlans):
         """How host victims are ranked: ``gdsf`` (marconi+), ``marconi`` (the alpha
         utility), or None for SGLang's host LRU (``--marconi-host-rule lru``, or marconi at
         alpha 0, where the utility is LRU)."""
-        if self.settings.host_rule == "lru":
-            return None
-        if self.reuse is not None:
-            return "gdsf"
-        return "marconi" if self.alpha else None
+        return self.ranking.host_mode(self.settings.host_rule)
 
     # callable: SGLang's host write policy as (is_write_back, write_through_threshold), or
     # None without a host tier (set by the cache: SGLang attaches HiCache after __init__)
@@ -200,7 +196,7 @@ class MarconiPolicyState(AdmissionPlans):
     def _host_efficiency(self, node, held_bytes: float) -> float:
         return host_efficiency(self.spec, self.host_link, TIER_TREE, node, len(node.key),
                                held_bytes,
-                               self.reuse_weight if self.reuse is not None else None)
+                               self.ranking.weight_fn)
 
     def host_kv_efficiency(self, node) -> float:
         """A host leaf's worth per host byte it frees: its own KV (and its host state)."""

@@ -118,7 +118,7 @@ def joint_rows(cache, bases: dict) -> list:
     policy = cache.marconi
     spec = policy.spec
     kv_bytes, state_bytes = spec.kv_bytes_per_token, spec.ssm_state_bytes
-    weighed = policy.reuse is not None
+    weighed = policy.ranking.weighs_nodes
     leaves = cache.tree_core.evictable_device_leaves
     counters, clocks = cache.joint_clocks
     right = bisect.bisect_right
@@ -147,7 +147,7 @@ def joint_rows(cache, bases: dict) -> list:
             # unlocked state, so a live MAMBA candidate, re-keyed wherever its weight moves
             # (``MarconiFullComponent.children_changed``; ``check_queues`` checks it)
             w = getattr(node, keyed_weight, None)
-            e = e * (w if w is not None else policy.reuse_weight(node))
+            e = e * (w if w is not None else policy.ranking.weight(node))
         append((cd.metadata.get(stamp, 0), node, e, base))  # ``state_recency``
     # oldest first: equal keys (marconi+'s unhit states all weigh 0) leave in LRU order, as
     # in the persistent queues and the simulator
@@ -230,7 +230,7 @@ class JointFullComponent(MarconiFullComponent):
 
 def takes_stock_walk(policy) -> bool:
     """marconi at alpha 0 ranks as LRU: SGLang's own ``evict_for_alloc``, no joint walk."""
-    return policy.queue_mode != "gdsf" and policy.alpha == 0
+    return policy.ranking.is_lru
 
 
 def _add(result: EvictResult, more: EvictResult) -> None:

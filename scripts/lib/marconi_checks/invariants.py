@@ -100,12 +100,12 @@ def check_queues(cache) -> None:
                 f"node {node.id}: kept FLOPs saved {saved}")
             r, e = mamba_q.entry(node)
             assert r == state_recency(node), f"node {node.id}: recency {r}"
-            if policy.reuse is not None and node in mamba_q:
+            if policy.ranking.weighs_nodes and node in mamba_q:
                 # the joint walk's build reads a candidate's weight from its key
                 keyed = getattr(node, KEYED_WEIGHT, None)
-                assert keyed == policy.reuse_weight(node), (
+                assert keyed == policy.ranking.weight(node), (
                     f"node {node.id}: keyed reuse weight {keyed}, now "
-                    f"{policy.reuse_weight(node)}")
+                    f"{policy.ranking.weight(node)}")
             assert math.isclose(e, policy.state_pool_efficiency(node), rel_tol=1e-9), (
                 f"node {node.id}: state efficiency {e}")
         assert (node in full_q) == (node in leaves), (
@@ -125,7 +125,7 @@ def fresh_joint_rows(cache) -> list:
     first (stable), each value computed afresh (no kept depth or FLOPs: a walk up the tree)."""
     policy = cache.marconi
     spec = policy.spec
-    weight = policy.reuse_weight if policy.reuse is not None else None
+    weight = policy.ranking.weight_fn
     leaves = cache.tree_core.evictable_device_leaves
     bases = {}
     for ct in (FULL, MAMBA):
