@@ -15,6 +15,12 @@ from sglang_marconi.policy import defaults
 from sglang_marconi.policy.cache import PrefixCache
 
 
+
+def running_state_slots(extra_buffer: bool) -> int:
+    """State slots one running SGLang request holds: working + 2 ping-pong with the extra
+    buffer, the working slot alone without."""
+    return 3 if extra_buffer else 1
+
 class StatePoolCost:
     """A cost model as SGLang's state pool sees it: KV has its own pool, so it is free; a
     simulator cache with this model budgets state slots only."""
@@ -57,7 +63,7 @@ def state_pool_image(spec: CostModel, state_slots: int, *, extra_buffer: bool, g
     request leaves to the tree, KV free, ``sample`` of the prefix families; renormalised
     per walk as the SGLang cache is (``--marconi-renormalise-limit``: -1 always, else up to
     that many candidates)."""
-    slots = max(1, state_slots - defaults.running_state_slots(extra_buffer))
+    slots = max(1, state_slots - running_state_slots(extra_buffer))
     renormalise = renormalise_limit < 0 or slots <= renormalise_limit
     return sglang_image(StatePoolCost(spec), int(slots * spec.ssm_state_bytes * sample),
                         extra_buffer=extra_buffer, grid=grid, alpha=alpha,

@@ -312,7 +312,7 @@ def _run_one(name, cache, requests, cfg, progress, per_request) -> dict:
         "bookkeeping_ms_p95": 1000 * quantile(times, 0.95),
         "bookkeeping_ms_p99": 1000 * quantile(times, 0.99),
         "bookkeeping_ms_max_request": 1000 * max(times, default=0.0),
-        # the longest single cache call (alpha tuning included: harness.timing.CallTimer)
+        # the longest single cache call (harness.timing.CallTimer)
         "bookkeeping_ms_max": 1000 * calls.max,
         "bookkeeping_call_ms_p99": 1000 * quantile(calls.seconds, 0.99),
         "wall_seconds": wall,

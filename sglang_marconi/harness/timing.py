@@ -92,8 +92,8 @@ class GCPauses:
 class CallTimer:
     """Wraps the cache methods the scheduler calls (``CALLS``) and keeps the wall time of
     each outermost call (a call made inside another is part of it): ``max`` is the longest
-    single cache call, alpha tuning included (it runs inside ``on_release``). With
-    ``gc_pauses`` the collector's pauses inside a call are not the call's time."""
+    single cache call. With ``gc_pauses`` the collector's pauses inside a call are not the
+    call's time."""
 
     CALLS = ("match_prefix", "lock", "unlock", "checkpoint", "evict", "evict_for_alloc",
              "free_kv_row", "on_release")

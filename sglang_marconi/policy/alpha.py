@@ -119,8 +119,3 @@ class AlphaTuner:
         self.window = []  # the recording is no longer needed
         return self.alpha
 
-    def abandon(self) -> None:
-        """Stop tuning for good (the replay failed): the alpha stays where it is."""
-        self.tuned = True
-        self._pending = self._current = None
-        self.window = []

@@ -38,9 +38,5 @@ SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight", "lof", "random")  # --schedule
 SCHEDULE_POLICY = "fcfs"           # SGLang 0.5.23's default queue order (serve-sim's)
 
 
-def running_state_slots(extra_buffer: bool) -> int:
-    """State slots one running SGLang request holds: working + 2 ping-pong with the extra
-    buffer, the working slot alone without."""
-    return 3 if extra_buffer else 1
 # No per-request state cap: the SGLang plugin's default (--marconi-max-states-per-request -1)
 NO_CAP = 1 << 30

@@ -70,5 +70,3 @@ class OnlineAlpha:
             return best
         return None
 
-    def window_scores(self) -> dict:
-        return dict(self._sums)

@@ -234,14 +234,6 @@ class StockSGLangCache:
     def _finished(self, full: np.ndarray, hit_node: _Node) -> None:
         """The request is released (after its final insert and unlock)."""
 
-    # ---- hooks of a tiered cache (a single tier here) -------------------------------------
-    def _cow_slot(self, hit_node: _Node) -> None:
-        """The request's own state slot for its hit's copy (the hit's path locked)."""
-        self._lock(hit_node)
-        self._make_room_states(1)
-        self._unlock(hit_node)
-        self._run.slots += 1
-
     def _is_leaf(self, node: _Node) -> bool:
         """A leaf the FULL walk may evict (besides not the root): no children, unlocked."""
         return not node.children and node.lock == 0
@@ -249,28 +241,6 @@ class StockSGLangCache:
     def _evict_leaf(self, node: _Node) -> None:
         """Evict a leaf the FULL or MAMBA walk chose: delete it with its state."""
         self._delete(node)
-
-    def _matchable(self, node: _Node) -> bool:
-        """A match may walk into ``node`` (its KV is on some tier)."""
-        return True
-
-    def _hit_can_end(self, node: _Node) -> bool:
-        """A hit may end at ``node`` (a state at its end, on some tier)."""
-        return node.state
-
-    def _load_back(self, best: _Node, device_best: _Node) -> None:
-        """The hit ends at ``best``, past the deepest node whose state is on the device
-        (``device_best``): load what lies between to the device (a host tier)."""
-        raise AssertionError("a single-tier cache has no hit past its device states")
-
-    def _state_tombstoned(self, node: _Node) -> None:
-        """The MAMBA walk freed the device state of ``node`` and kept its KV."""
-
-    def _insert_walked(self, node: _Node) -> None:
-        """An insert walks through ``node`` (after any split)."""
-
-    def _insert_ended(self, node: _Node) -> None:
-        """An insert ended on ``node`` (after its state is set and stamped)."""
 
     @staticmethod
     def _device_kv(node: _Node) -> int:
@@ -345,10 +315,10 @@ class StockSGLangCache:
 
     def _match(self, key: np.ndarray):
         """(hit node, KV match length) of a page-aligned key; stamps the hit's path."""
-        node, pos, best, device_best, kv = self.root, 0, self.root, self.root, 0
+        node, pos, best, kv = self.root, 0, self.root, 0
         while pos < len(key):
             child = node.children.get(self._child_key(key, pos))
-            if child is None or not self._matchable(child):
+            if child is None:
                 break
             m = self._common_pages(child.key, key[pos:])
             kv += m
@@ -356,10 +326,8 @@ class StockSGLangCache:
                 self._split(child, m)
                 break
             node = child
-            if self._hit_can_end(node):
-                best = node
             if node.state:
-                device_best = node
+                best = node
             pos += m
         self._match_end(best)
         t = self._tick()
@@ -368,8 +336,6 @@ class StockSGLangCache:
             self._stamp(x, t)
             t -= MATCH_STAMP_STEP
             x = x.parent
-        if best is not device_best:
-            self._load_back(best, device_best)
         return best, kv
 
     def _insert(self, tokens: np.ndarray, length: int):
@@ -383,7 +349,6 @@ class StockSGLangCache:
             m = self._common_pages(child.key, tokens[pos:length])
             if m < len(child.key):
                 child = self._split(child, m)
-            self._insert_walked(child)
             node, pos = child, pos + m
         if pos < length:
             leaf = self._new_node(next(self._ids), node, tokens[pos:length].copy())
@@ -397,7 +362,6 @@ class StockSGLangCache:
             self._stamp(leaf, self._tick())
             self._tick()  # its creation time
             self._state_inserted(leaf)
-            self._insert_ended(leaf)
             return leaf, False
         existed = node.state
         if not existed:
@@ -406,7 +370,6 @@ class StockSGLangCache:
             self.stats.states_admitted += 1
         self._stamp(node, self._tick())
         self._state_inserted(node)
-        self._insert_ended(node)
         return node, existed
 
     def _evict_one(self) -> bool:
@@ -456,7 +419,6 @@ class StockSGLangCache:
             victim.state = False
             self.tree_states -= 1
             self.stats.states_evicted += 1
-            self._state_tombstoned(victim)
         return True
 
     def _delete(self, node: _Node) -> None:
@@ -498,8 +460,11 @@ class StockSGLangCache:
 
         run = self._run
         working = hit_node is not self.root
-        if working:  # copy-on-write of the hit's state into the request's slot
-            self._cow_slot(hit_node)
+        if working:  # copy-on-write of the hit's state into the request's slot (hit locked)
+            self._lock(hit_node)
+            self._make_room_states(1)
+            self._unlock(hit_node)
+            self._run.slots += 1
         locked = hit_node
         self._lock(locked)
         tracking = False

@@ -23,7 +23,7 @@ from sglang_marconi.sglang_integration import unified
 from sglang_marconi.sglang_integration.options import MarconiSettings
 from sglang_marconi.sglang_integration.policy_state import MarconiPolicyState
 from sglang_marconi.sglang_integration import pool_bytes
-from sglang_marconi.sglang_integration.stats import MarconiStats, make_exporter
+from sglang_marconi.sglang_integration.stats import make_exporter
 
 logger = logging.getLogger("sglang_marconi.cache")
 
@@ -117,10 +117,6 @@ class MarconiUnifiedRadixCache(UnifiedRadixCache):
         if not self.tree_core.enable_hicache:
             return None
         return self.is_write_back, self.write_through_threshold
-
-    @property
-    def marconi_stats(self) -> MarconiStats:
-        return self.marconi.stats
 
     # -- bookkeeping time ------------------------------------------------------------------
     def _timed(self, fn, *args, **kwargs):

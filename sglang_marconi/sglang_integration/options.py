@@ -136,7 +136,8 @@ class MarconiSettings:
             try:
                 object.__setattr__(self, f.name, f.metadata["check"](getattr(self, f.name)))
             except (TypeError, ValueError) as exc:
-                raise ValueError(f"{_name(f)}: expected {exc}") from None
+                name = f.metadata["flag"] or f"MarconiSettings.{f.name}"
+                raise ValueError(f"{name}: expected {exc}") from None
 
     @property
     def plus(self) -> bool:
@@ -172,17 +173,9 @@ class MarconiSettings:
             raise ValueError(f"bad {ENV_SETTINGS}: {exc}") from None
 
 
-def _name(f) -> str:
-    return f.metadata["flag"] or f"MarconiSettings.{f.name}"
-
-
 def flag_fields():
     """The settings fields the launcher has a flag for, in order."""
     return [f for f in dataclasses.fields(MarconiSettings) if f.metadata["flag"]]
-
-
-def _dest(f) -> str:
-    return "marconi_" + f.name if not f.name.startswith("marconi") else f.name
 
 
 def check_host_tier(args) -> None:
@@ -226,7 +219,7 @@ def add_settings_arguments(group) -> None:
     """One argument per settings field with a flag (the launcher's, ``ab``'s)."""
     for f in flag_fields():
         default = f.default
-        group.add_argument(f.metadata["flag"], dest=_dest(f), type=_arg_type(f),
+        group.add_argument(f.metadata["flag"], dest="marconi_" + f.name, type=_arg_type(f),
                            default=None, metavar=f.metadata["metavar"],
                            choices=f.metadata["choices"],
                            help=f"{f.metadata['help']} (default: "
@@ -235,7 +228,7 @@ def add_settings_arguments(group) -> None:
 
 def settings_given(args) -> dict:
     """The settings fields whose flags a parsed namespace sets."""
-    given = {f.name: getattr(args, _dest(f), None) for f in flag_fields()}
+    given = {f.name: getattr(args, "marconi_" + f.name, None) for f in flag_fields()}
     return {k: v for k, v in given.items() if v is not None}
 
 

@@ -89,16 +89,12 @@ class MarconiPolicyState(AdmissionPlans):
                 self.end_usefulness = EndStateUsefulness(settings.end_threshold)
         self.stats.alpha = self.alpha
 
-    @staticmethod
-    def _finished_tokens(req):
-        """(prompt, the tokens whose KV exists at finish: prompt + output minus the last)."""
-        inp = np.asarray(req.origin_input_ids, dtype=np.int64)
-        return inp, np.concatenate([inp, np.asarray(req.output_ids[:-1], dtype=np.int64)])
-
     def _observe_ghost(self, req, adm: SnapshotPlan) -> None:
         """marconi+: remember the finished sequence and where its end state would be (the
         reuse rate is counted in ``admit_final``)."""
-        _, full = self._finished_tokens(req)
+        # the tokens whose KV exists at finish: prompt + output minus the last
+        full = np.concatenate([np.asarray(req.origin_input_ids, dtype=np.int64),
+                               np.asarray(req.output_ids[:-1], dtype=np.int64)])
         # the end marker goes where the request's end state is or would have been
         # (``admit_final``): under extra_buffer its last snapshot (the input's grid-floored
         # end or a decode snapshot), not the end of the KV
