@@ -84,6 +84,9 @@ def test_unified_memory_serves(farm):
     try:
         assert server.server_info()["enable_unified_memory"] is True
         assert "memory=unified" in server.log_text()
+        # the cost model's bytes are the ones the unified buffer's pools hold
+        assert "Marconi cache: SGLang's pools hold" in server.log_text()
+        assert "differ from the cost model" not in server.log_text()
         before = len(server.log_text())
         rec = run_stream(server.generate)
         assert rec.by_name("shared-2").cached_tokens == 256      # the chunk state
