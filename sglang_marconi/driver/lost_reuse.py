@@ -13,3 +13,19 @@ def lost_reuse_tokens(result, input_len: int) -> int:
     matched = min(int(getattr(result, "full_kv_hit_length", 0) or 0), max(0, input_len - 1))
     hit = result.device_prefix_len + getattr(result, "host_hit_length", 0)
     return max(0, matched - hit)
+
+
+def track_lost_reuse(cache) -> dict:
+    """Wrap ``cache.match_prefix`` (the scheduler's match keeps only the hit) and return a
+    dict that every match made for a request fills: rid -> the reuse its last match lost."""
+    lost: dict = {}
+    match = cache.match_prefix
+
+    def remember_match(params):
+        result = match(params)
+        if params.req is not None:
+            lost[params.req.rid] = lost_reuse_tokens(result, len(params.req.origin_input_ids))
+        return result
+
+    cache.match_prefix = remember_match
+    return lost

@@ -44,7 +44,7 @@ from sglang.srt.runtime_context import get_exec, mamba_checkpoint_grid, mamba_tr
 from sglang.srt.sampling.sampling_params import SamplingParams
 
 from sglang_marconi.driver import host_tier
-from sglang_marconi.driver.lost_reuse import lost_reuse_tokens
+from sglang_marconi.driver.lost_reuse import track_lost_reuse
 
 # a decode step's bookkeeping costs about as much as this many prefill tokens (~20 us
 # against ~0.3 us a token of a prefill chunk, CPU, python tree core)
@@ -171,16 +171,7 @@ class Replayer:
         self.kv_total = tree_cache.token_to_kv_pool_allocator.size
         self.mamba_allocator = tree_cache.req_to_token_pool.mamba_allocator
         self.mamba_total = self.mamba_allocator.size
-        # the scheduler's match (``init_next_round_input``) keeps only the hit; the result
-        # of the last one is kept here for the reuse it lost (``lost_reuse``)
-        self._last_match = None
-        match = tree_cache.match_prefix
-
-        def remember_match(params):
-            self._last_match = match(params)
-            return self._last_match
-
-        tree_cache.match_prefix = remember_match
+        self._lost_reuse = track_lost_reuse(tree_cache)  # rid -> reuse its match lost
 
     # -- usage ---------------------------------------------------------------------------
     def kv_used(self) -> int:
@@ -275,7 +266,7 @@ class Replayer:
         fetched = host_tier.prefetch(self.cache, req)
         req.init_next_round_input(self.cache)
         hit_len = req.prefix_len
-        lost = lost_reuse_tokens(self._last_match, input_len) if self._last_match else 0
+        lost = self._lost_reuse.pop(rr.rid, 0)
         host_hit = host_tier.admit(self.cache, req)
         req.lock = self.cache.lock(req.last_node)
         peak_kv = peak_mamba = 0

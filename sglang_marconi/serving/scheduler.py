@@ -74,7 +74,7 @@ from sglang.srt.managers.scheduler_components.new_token_ratio_tracker import New
 from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-from sglang_marconi.driver.lost_reuse import lost_reuse_tokens
+from sglang_marconi.driver.lost_reuse import track_lost_reuse
 from sglang_marconi.driver import host_tier
 from sglang_marconi.policy import defaults
 from sglang_marconi.driver.replay import _output_token, sampling_params
@@ -197,17 +197,7 @@ class ServingScheduler:
         self.on_launch = on_launch
         # each request's last match (SGLang's scheduler keeps only the hit): the reuse it
         # lost, read at its first admission (driver.lost_reuse)
-        self.lost_reuse: dict = {}
-        match = cache.match_prefix
-
-        def remember_match(params):
-            result = match(params)
-            if params.req is not None:
-                self.lost_reuse[params.req.rid] = lost_reuse_tokens(
-                    result, len(params.req.origin_input_ids))
-            return result
-
-        cache.match_prefix = remember_match
+        self.lost_reuse = track_lost_reuse(cache)
         # what the overlap loop did that the normal loop never does: requests left out of a
         # batch as finishing in flight, queued results skipped (finished or retracted)
         self.finishing_inflight = self.skipped_results = 0
