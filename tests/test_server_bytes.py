@@ -235,3 +235,57 @@ def test_a_float32_config_is_served_in_float16(tmp_path):
     from sglang_marconi.sglang_integration.backend import model_spec
 
     assert model_spec(model_config).kv_bytes_per_token == spec.kv_bytes_per_token
+
+
+@pytest.mark.parametrize("name", sorted(FILES))
+def test_int8_checkpoint_bytes_equal_sglangs_pool(name, tmp_path):
+    """A cached state under ``--enable-int8-mamba-checkpoint`` weighs what SGLang's
+    ``MambaCheckpointPool`` allocates per slot (its own estimate, built the way
+    ``maybe_init_int8_mamba_checkpoint_pool`` builds it), per rank."""
+    from sglang.srt.mem_cache.mamba_checkpoint_pool import MambaCheckpointPool
+
+    folder = _folder(tmp_path, name)
+    model_config = ModelConfig(str(folder), trust_remote_code=False)
+    slots = 7
+    for tp in _tps(model_config):
+        with get_parallel().override(tp_size=tp, attn_tp_size=tp, moe_tp_size=tp):
+            params = mambaish_config(model_config).mamba2_cache_params
+        heads, d_v, d_k = params.shape.temporal
+        est = MambaCheckpointPool.estimate_mem_usage_bytes(
+            num_layers=len(params.layers), num_slots=slots, num_heads=heads, head_v_dim=d_v,
+            head_k_dim=d_k, conv_shapes=list(params.shape.conv), conv_dtype=params.dtype.conv,
+            temporal_dtype=params.dtype.temporal)
+        spec = spec_from_config_path(folder, tp_size=tp)
+        assert spec.int8_checkpoint_bytes * (slots + 1) == est["total"], tp
+        assert spec.with_int8_checkpoints().ssm_state_bytes == spec.int8_checkpoint_bytes
+        assert spec.with_int8_checkpoints().full_state_bytes == spec.ssm_state_bytes
+
+
+def test_qwen3_next_int8_checkpoint_is_about_a_quarter_of_the_state():
+    """36 GDN layers x (32 x 128 x 128 int8 + 32 x 128 float32 scales + 8192 x 3 bf16)."""
+    spec = preset_spec("qwen3_next")
+    assert spec.int8_checkpoint_bytes == 36 * (32 * 128 * 128 + 32 * 128 * 4 + 8192 * 3 * 2)
+    assert spec.int8_checkpoint_bytes == 21_233_664
+    assert 0.27 < spec.int8_checkpoint_bytes / spec.ssm_state_bytes < 0.28
+
+
+def test_plugin_reads_the_bytes_of_sglangs_built_checkpoint_pool(tmp_path):
+    """``pool_bytes.checkpoint_bytes_per_slot`` on a ``MambaCheckpointPool`` SGLang builds
+    for the model (two slots and the reserved one) gives the cost model's int8 bytes."""
+    from sglang.srt.mem_cache.mamba_checkpoint_pool import MambaCheckpointPool
+
+    from sglang_marconi.sglang_integration import pool_bytes
+
+    folder = _folder(tmp_path, "nemotron_h_8b_base_8k")
+    hf = mambaish_config(ModelConfig(str(folder), trust_remote_code=False))
+    with get_parallel().override(tp_size=1, attn_tp_size=1, moe_tp_size=1):
+        params = hf.mamba2_cache_params
+    heads, d_v, d_k = params.shape.temporal
+    pool = MambaCheckpointPool(num_layers=len(params.layers), num_slots=2, num_heads=heads,
+                               head_v_dim=d_v, head_k_dim=d_k,
+                               conv_shapes=list(params.shape.conv),
+                               conv_dtype=params.dtype.conv, device="cpu",
+                               temporal_dtype=params.dtype.temporal)
+    assert (pool_bytes.checkpoint_bytes_per_slot(pool)
+            == spec_from_config_path(folder).int8_checkpoint_bytes)
+    assert pool_bytes.checkpoint_bytes_per_slot(None) is None

@@ -166,3 +166,28 @@ def test_launch_server_module_knows_the_flags():
     for gone in ("--marconi-bootstrap-multiplier", "--marconi-online-alphas",
                  "--marconi-ghost-factor"):
         assert gone not in out.stdout
+
+
+def test_int8_checkpoints_pass_sglangs_backend_check_with_marconi_only(parse):
+    """SGLang refuses --enable-int8-mamba-checkpoint with any --radix-cache-backend (not
+    int8-aware); the plugin's resolution hook lets the marconi backend through (it is
+    SGLang's cache with SGLang's MAMBA component) and leaves SGLang's other refusals."""
+    from sglang.srt.arg_groups import mamba_hook
+    from sglang.srt.arg_groups.resolution_hooks import run_hook
+
+    def check(**fields):
+        sa = parse("--cache-policy", "marconi", "--enable-int8-mamba-checkpoint")
+        assert sa.radix_cache_backend == "marconi"
+        for name, value in fields.items():
+            setattr(sa, name, value)
+        run_hook(mamba_hook.handle_int8_mamba_checkpoint, sa)
+
+    check()  # passes
+    with pytest.raises(ValueError, match="not int8-aware"):
+        check(radix_cache_backend="flexkv")
+    with pytest.raises(ValueError, match="--enable-hierarchical-cache: the host-offload path"):
+        check(enable_hierarchical_cache=True)
+    with pytest.raises(SystemExit, match="--enable-int8-mamba-checkpoint does nothing with "
+                                         "--enable-unified-memory"):
+        parse("--cache-policy", "marconi", "--enable-int8-mamba-checkpoint",
+              "--enable-unified-memory")

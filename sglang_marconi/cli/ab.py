@@ -8,8 +8,11 @@ import sys
 
 from sglang_marconi.cli.common import (add_cache_dtype_arguments, describe_model,
                                         run_with_sglang, server_model_kwargs)
-from sglang_marconi.cli.host_flags import add_host_arguments, host_summary, resolve_host
-from sglang_marconi.cli.pool_flags import (add_pool_arguments, check_pools_fit, describe_pools,
+from sglang_marconi.cli.host_flags import (add_host_arguments, host_enabled, host_summary,
+                                           resolve_host)
+from sglang_marconi.cli.pool_flags import (add_int8_arguments, add_pool_arguments,
+                                           check_int8, check_pools_fit, describe_int8,
+                                           describe_pools, int8_pool_fields, int8_summary,
                                            pool_summary, positive_int, resolve_pools)
 from sglang_marconi.errors import UserError
 from sglang_marconi.model import resolve_model
@@ -54,8 +57,6 @@ HOST_ROWS = (  # with a host tier (--hicache-*): the "host" section
 
 
 _positive = positive_int
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", required=True, help="Mooncake or session JSONL trace")
     model = parser.add_mutually_exclusive_group(required=True)
@@ -85,6 +86,7 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
                         help="SGLang's flag: the normal loop's order instead of the overlap "
                              "loop's (SGLang's default), and 1 tracking slot per running "
                              "request instead of 2 (driver.replay.Replayer)")
+    add_int8_arguments(parser)
     parser.add_argument("--caches", default=",".join(DEFAULT_CACHES),
                         help=f"comma-separated subset of {', '.join(CACHE_NAMES)}")
     add_marconi_arguments(parser)
@@ -128,6 +130,7 @@ def _check_pools(args, requests, kv_tokens: int, mamba_slots: int) -> int:
     if args.mamba_radix_cache_strategy == "no_buffer" and args.page_size != 1:
         raise UserError("--mamba-radix-cache-strategy no_buffer needs --page-size 1 "
                         "(as in SGLang)")
+    check_int8(args, unified=args.memory == "unified", host=host_enabled(args))
     if args.mamba_radix_cache_strategy == "no_buffer" and not args.disable_overlap_schedule:
         raise UserError("--mamba-radix-cache-strategy no_buffer needs "
                         "--disable-overlap-schedule (as in SGLang: mamba_hook.py 156-160)")
@@ -196,6 +199,7 @@ def run_replay(args, spec, trace, label: str) -> int:
                        mamba_track_interval=args.mamba_track_interval,
                        extra_buffer=args.mamba_radix_cache_strategy == "extra_buffer",
                        overlap_schedule=not args.disable_overlap_schedule,
+                       **int8_pool_fields(args),
                        **resolve_host(args, spec, kv_tokens, mamba_slots, unified))
     cfg = ABConfig(pools=pools, spec=spec, settings=settings, caches=caches, unified=unified,
                    l3=args.hicache_storage_backend == "file",
@@ -213,6 +217,7 @@ def run_replay(args, spec, trace, label: str) -> int:
                          "mamba_track_interval": args.mamba_track_interval,
                          "mamba_radix_cache_strategy": args.mamba_radix_cache_strategy,
                          "loop": "normal" if args.disable_overlap_schedule else "overlap",
+                         **int8_summary(spec, pools),
                          "marconi_alpha": settings.alpha,
                          "marconi_max_states_per_request": settings.max_states_per_request,
                          **host_summary(args, spec, pools)}
@@ -222,6 +227,8 @@ def run_replay(args, spec, trace, label: str) -> int:
     else:
         print(f"A/B on {label}: {len(requests)} requests, page {args.page_size}; "
               f"{describe_pools(sizes, kv_tokens, mamba_slots)}")
+        if pools.int8_checkpoint:
+            print(describe_int8(results["config"]["int8_checkpoints"]))
         print(describe_model(spec))
         print(format_table(results))
     return 0

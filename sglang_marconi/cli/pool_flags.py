@@ -1,6 +1,7 @@
 """The pool flags of ``ab``, ``demo`` and ``sim``: a byte budget sized the way SGLang sizes a server
 (``--cache-gb N --memory static|unified --mamba-full-memory-ratio R``, ``driver/sizing.py``)
-or the explicit pool sizes (``--kv-tokens K --mamba-slots S``); one form, not both."""
+or the explicit pool sizes (``--kv-tokens K --mamba-slots S``); one form, not both. And
+SGLang's int8 checkpoint pool (``--enable-int8-mamba-checkpoint``, for every cache alike)."""
 from __future__ import annotations
 
 import argparse
@@ -100,3 +101,55 @@ def describe_pools(sizes, kv_tokens: int, mamba_slots: int) -> str:
     if sizes is None:
         return f"{kv_tokens:,} KV token slots, {mamba_slots} state slots (explicit)"
     return sizes.describe()
+
+
+def add_int8_arguments(parser) -> None:
+    parser.add_argument("--enable-int8-mamba-checkpoint", action="store_true",
+                        help="SGLang's flag, for every cache: cached states live in a separate "
+                             "int8 checkpoint pool (about 0.27x a float32 state's bytes), "
+                             "outside the --cache-gb budget as in SGLang")
+    parser.add_argument("--int8-mamba-ckpt-size", type=positive_int, default=None,
+                        help="with --enable-int8-mamba-checkpoint: checkpoint slots (SGLang's "
+                             "default: 2 x the state slots)")
+
+
+# what SGLang does with --enable-int8-mamba-checkpoint beside these (for the replays, as in
+# a server)
+INT8_REFUSED = {
+    "hicache": "--enable-int8-mamba-checkpoint is not supported together with the host tier "
+               "(--hicache-*): SGLang refuses it, the host-offload path is not int8-aware "
+               "(mamba_hook.py handle_int8_mamba_checkpoint)",
+    "unified": "--enable-int8-mamba-checkpoint does nothing with --memory unified: SGLang's "
+               "unified pool builds no checkpoint pool (unified_memory_pool.py 1469)",
+}
+
+
+def int8_summary(spec, pools) -> dict:
+    """The int8 checkpoint pool in ``ab --json``'s config ({} when off), sized as SGLang
+    sizes it (``maybe_init_int8_mamba_checkpoint_pool``: 2 x the state slots by default)."""
+    if not pools.int8_checkpoint:
+        return {}
+    slots = pools.int8_checkpoint_slots or 2 * pools.mamba_slots
+    per_slot = spec.int8_checkpoint_bytes
+    return {"int8_checkpoints": {"slots": slots, "bytes_per_slot": per_slot,
+                                 "bytes": (slots + 1) * per_slot,
+                                 "full_state_bytes": spec.full_state_bytes}}
+
+
+def describe_int8(summary: dict) -> str:
+    return (f"int8 checkpoint pool: {summary['slots']:,} slots of "
+            f"{summary['bytes_per_slot']:,} B ({summary['bytes'] / 2**30:.2f} GB, outside "
+            f"the budget as in SGLang; a full state is {summary['full_state_bytes']:,} B)")
+
+
+def check_int8(args, unified: bool, host: bool) -> None:
+    if args.int8_mamba_ckpt_size is not None and not args.enable_int8_mamba_checkpoint:
+        raise UserError("--int8-mamba-ckpt-size needs --enable-int8-mamba-checkpoint")
+    if args.enable_int8_mamba_checkpoint and (unified or host):
+        raise UserError(INT8_REFUSED["unified" if unified else "hicache"])
+
+
+def int8_pool_fields(args) -> dict:
+    """``PoolConfig`` fields of the int8 checkpoint pool."""
+    return {"int8_checkpoint": args.enable_int8_mamba_checkpoint,
+            "int8_checkpoint_slots": args.int8_mamba_ckpt_size}

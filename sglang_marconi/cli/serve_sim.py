@@ -18,7 +18,8 @@ from sglang_marconi.cli.ab import add_marconi_arguments
 from sglang_marconi.cli.common import (add_cache_dtype_arguments, describe_model,
                                         run_with_sglang, server_model_kwargs)
 from sglang_marconi.cli.host_flags import host_enabled, host_summary, resolve_host
-from sglang_marconi.cli.pool_flags import _positive_float
+from sglang_marconi.cli.pool_flags import (_positive_float, add_int8_arguments, check_int8,
+                                           describe_int8, int8_pool_fields, int8_summary)
 from sglang_marconi.driver.sizing import size_pools
 from sglang_marconi.errors import UserError
 from sglang_marconi.model import resolve_model
@@ -123,6 +124,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--chunked-prefill-size", type=_positive, default=8192)
     p.add_argument("--max-prefill-tokens", type=_positive, default=16384)
     p.add_argument("--mamba-track-interval", type=_positive, default=256)
+    add_int8_arguments(p)
     p.add_argument("--disable-overlap-schedule", action="store_true",
                    help="SGLang's flag: the normal loop (event_loop_normal) instead of the "
                         "overlap loop, SGLang's default; also 1 tracking slot per request "
@@ -275,8 +277,10 @@ def build_setup(args):
         from sglang_marconi.driver.unified_pools import UnifiedConfig
 
         unified = UnifiedConfig.from_sizes(sizes)
-    pools = dataclasses.replace(pools, **resolve_host(args, spec, sizes.kv_tokens,
-                                                      sizes.mamba_slots, unified))
+    check_int8(args, unified=unified is not None, host=host_enabled(args))
+    pools = dataclasses.replace(pools, **int8_pool_fields(args),
+                                **resolve_host(args, spec, sizes.kv_tokens, sizes.mamba_slots,
+                                               unified))
     setup = ServeSetup(spec=spec, time_model=GpuTimeModel(spec, gpu), pools=pools,
                        sched=sched, settings=settings_from_args(args),
                        timestamps=[r.timestamp for r in trace.requests], seed=args.seed,
@@ -328,7 +332,8 @@ def _run(args) -> int:
               "clients": args.clients, "arrivals": args.arrivals, "seed": args.seed,
               "loop": "normal" if args.disable_overlap_schedule else "overlap",
               "interleaved": args.interleave,
-              **host_summary(args, setup.spec, setup.pools)}
+              **host_summary(args, setup.spec, setup.pools),
+              **int8_summary(setup.spec, setup.pools)}
     if routers is not None:
         return _run_cluster(args, requests, setup, sizes, caches, loads, routers, options,
                             config)
@@ -346,6 +351,8 @@ def _run(args) -> int:
     else:
         print(f"serve-sim {args.trace}: {len(requests)} requests, model {setup.spec.name}; "
               f"{sizes.describe()}; {setup.time_model.describe()}")
+        if "int8_checkpoints" in config:
+            print(describe_int8(config["int8_checkpoints"]))
         print(format_table(result["runs"]))
         print(describe_model(setup.spec))
         for line in format_ratios(ratios):

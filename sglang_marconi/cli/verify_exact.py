@@ -149,4 +149,20 @@ def print_live(result: dict, exact_live) -> None:
               f"stock no_buffer): max rel diff of resumed requests "
               f"{neg['max_rel_resumed']:.2e} = {neg['max_rel_resumed'] / result['rel_tol']:.0f}x "
               f"the tolerance ({'breaks it' if neg['breaks_tolerance'] else 'DOES NOT break it'})")
+        print_int8(model, res["int8"], result["int8_rel_tol"])
     print("PASS" if result["passed"] else "FAIL")
+
+
+def print_int8(model: str, res: dict, tol: float) -> None:
+    """The int8 checkpoint scenario: its problems, then one PASS / FAIL line of figures."""
+    for cfg, r in res["configs"].items():
+        for p in r["problems"]:
+            print(f"FAIL {model} {cfg}: {p}")
+    figures = "; ".join(
+        f"{cfg}: {r['audit']['equal']} hits resumed from a state bitwise equal to SGLang's "
+        f"int8 round trip, max rel diff {r['max_rel']:.2e}" for cfg, r in res["configs"].items())
+    neg = res["negative_control"]
+    print(f"{'PASS' if res['passed'] else 'FAIL'} int8 checkpoints ({model}, tolerance "
+          f"{tol:.0e}): {figures}; negative control (loaded states scaled by "
+          f"{1 + neg['perturb']:g}): {neg['audit']['failed']} loads fail the audit, max rel "
+          f"diff {neg['max_rel_resumed']:.2e} = {neg['max_rel_resumed'] / tol:.0f}x")

@@ -57,6 +57,11 @@ class PoolConfig:
     # None keeps each builder's own default (the test fixture's static pools: 2; the
     # unified pools: 1), as before this option existed.
     overlap_schedule: Optional[bool] = None
+    # SGLang's int8 checkpoint pool (--enable-int8-mamba-checkpoint): cached states live in
+    # a separate pool of --int8-mamba-ckpt-size slots (None: SGLang's default, 2 x
+    # mamba_slots), built by HybridReqToTokenPool from the published server args
+    int8_checkpoint: bool = False
+    int8_checkpoint_slots: Optional[int] = None
 
 
 def _server_args_factory(pc: PoolConfig):
@@ -80,6 +85,8 @@ def _server_args_factory(pc: PoolConfig):
         mamba_track_interval=pc.mamba_track_interval,
         mamba_radix_cache_strategy="extra_buffer" if pc.extra_buffer else "no_buffer",
         mamba_max_states_per_path=pc.mamba_max_states_per_path,
+        enable_int8_mamba_checkpoint=pc.int8_checkpoint,
+        int8_mamba_ckpt_size=pc.int8_checkpoint_slots,
         **host_tier,
     )
 

@@ -89,7 +89,9 @@ class SSMLayer:
 
     ``proj_flops_per_token`` covers in/out projections and the convolution;
     ``scan_flops_per_token`` the recurrence. State bytes: ``temporal_elems`` in
-    ``state_dtype_bytes`` plus ``conv_elems`` in ``conv_dtype_bytes``.
+    ``state_dtype_bytes`` plus ``conv_elems`` in ``conv_dtype_bytes``. ``state_head_dim``
+    is the temporal state's middle axis (SGLang's ``(heads, head_dim, state_size)``): an
+    int8 checkpoint keeps one scale per ``head_dim`` values.
     """
 
     kind: str  # "mamba1" | "mamba2" | "gdn" | "mamba" (the paper's own formula)
@@ -99,10 +101,20 @@ class SSMLayer:
     conv_dtype_bytes: int
     proj_flops_per_token: float
     scan_flops_per_token: float
+    state_head_dim: int = 1
 
     @property
     def state_bytes(self) -> int:
         return (self.temporal_elems * self.state_dtype_bytes
+                + self.conv_elems * self.conv_dtype_bytes)
+
+    @property
+    def int8_checkpoint_bytes(self) -> int:
+        """The state in SGLang's int8 checkpoint pool (``--enable-int8-mamba-checkpoint``,
+        ``mamba_checkpoint_pool.py``): int8 temporal values, one scale in the state dtype
+        per (head, state channel), the conv window at its own dtype."""
+        scales = self.temporal_elems // self.state_head_dim
+        return (self.temporal_elems + scales * self.state_dtype_bytes
                 + self.conv_elems * self.conv_dtype_bytes)
 
     def prefill_flops(self, L: float) -> float:
@@ -174,7 +186,8 @@ def mamba2_layer(hidden, d_inner, nheads, d_state, n_groups, d_conv, state_bytes
                     temporal_elems=_split(nheads, tp, "SSM heads") * head_dim * d_state,
                     conv_elems=rank_conv * (d_conv - 1),
                     state_dtype_bytes=state_bytes, conv_dtype_bytes=conv_bytes,
-                    proj_flops_per_token=proj, scan_flops_per_token=6 * d_inner * d_state)
+                    proj_flops_per_token=proj, scan_flops_per_token=6 * d_inner * d_state,
+                    state_head_dim=head_dim)
 
 
 def mamba1_layer(hidden, d_inner, d_state, d_conv, dt_rank, state_bytes, conv_bytes,
@@ -209,7 +222,8 @@ def gdn_layer(hidden, num_k_heads, num_v_heads, head_k_dim, head_v_dim, d_conv, 
                     temporal_elems=_split(num_v_heads, tp, "value heads") * head_k_dim * head_v_dim,
                     conv_elems=rank_conv * (d_conv - 1),
                     state_dtype_bytes=state_bytes, conv_dtype_bytes=conv_bytes,
-                    proj_flops_per_token=proj, scan_flops_per_token=8 * state)
+                    proj_flops_per_token=proj, scan_flops_per_token=8 * state,
+                    state_head_dim=head_v_dim)
 
 
 def kda_layer(hidden, num_heads, head_dim, d_conv, state_bytes, conv_bytes, tp=1) -> SSMLayer:
@@ -228,7 +242,8 @@ def kda_layer(hidden, num_heads, head_dim, d_conv, state_bytes, conv_bytes, tp=1
     return SSMLayer("kda", temporal_elems=_split(num_heads, tp, "KDA heads") * head_dim * head_dim,
                     conv_elems=(d_conv - 1) * 3 * _split(proj_dim, tp, "KDA channels"),
                     state_dtype_bytes=state_bytes, conv_dtype_bytes=conv_bytes,
-                    proj_flops_per_token=proj, scan_flops_per_token=8 * state)
+                    proj_flops_per_token=proj, scan_flops_per_token=8 * state,
+                    state_head_dim=head_dim)
 
 
 def short_conv_layer(hidden, d_conv, conv_bytes, tp=1) -> SSMLayer:

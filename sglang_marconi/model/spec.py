@@ -48,6 +48,8 @@ class HybridModelSpec:
     # the bytes a server's built pools hold, where they were read (``with_pool_bytes``)
     pool_kv_bytes_per_token: int = 0
     pool_state_bytes: int = 0
+    # cached states live in SGLang's int8 checkpoint pool (``with_int8_checkpoints``)
+    int8_checkpoints: bool = False
 
     # -- layer views ---------------------------------------------------------------------
     @cached_property
@@ -90,8 +92,26 @@ class HybridModelSpec:
 
     @cached_property
     def config_state_bytes(self) -> int:
-        """State bytes as the layers and dtypes give them."""
+        """A cached state's bytes as the layers and dtypes give them (int8 checkpoints:
+        the checkpoint pool's)."""
+        if self.int8_checkpoints:
+            return self.int8_checkpoint_bytes
+        return self.full_state_bytes
+
+    @cached_property
+    def full_state_bytes(self) -> int:
+        """One state in the active pool (the running requests' full-precision slots)."""
         return sum(x.state_bytes for x in self.ssm_layers)
+
+    @cached_property
+    def int8_checkpoint_bytes(self) -> int:
+        """One state in SGLang's int8 checkpoint pool (``SSMLayer.int8_checkpoint_bytes``)."""
+        return sum(x.int8_checkpoint_bytes for x in self.ssm_layers)
+
+    def with_int8_checkpoints(self) -> "HybridModelSpec":
+        """This spec with cached states in SGLang's int8 checkpoint pool
+        (``--enable-int8-mamba-checkpoint``): what eviction ranks and frees."""
+        return replace(self, int8_checkpoints=True)
 
     def with_pool_bytes(self, kv_bytes_per_token: int, state_bytes: int) -> "HybridModelSpec":
         """This spec with the bytes a server's pools were measured to hold (0 keeps)."""

@@ -161,7 +161,7 @@ class StepRecord:
     cache_s: float
     batch: int             # requests in the batch run
     resident: int          # requests holding a request row (running + chunked)
-    state_slots_used: int  # Mamba pool slots in use after the step
+    state_slots_used: int  # Mamba pool slots in use after the step (and int8 checkpoint slots)
     state_slots_tree: int  # of which the tree holds
     exposed_cpu_s: float = 0.0  # CPU time the GPU waited for before this step's forward
     gpu_start: float = 0.0      # when its forward starts on the clock
@@ -318,6 +318,9 @@ class ServingScheduler:
     def _record_step(self, batch, start, gpu_s, cache_s, exposed, gpu_start) -> None:
         tree = self.cache.mamba_evictable_size() + self.cache.mamba_protected_size()
         used = self.mamba_allocator.size - self.mamba_allocator.available_size()
+        ckpt = getattr(self.cache.req_to_token_pool, "mamba_ckpt_pool", None)
+        if ckpt is not None:  # int8 checkpoints: the tree's states are in their own pool
+            used += ckpt.num_slots - ckpt.available_size()
         kind = "idle" if batch is None else ("decode" if batch.forward_mode.is_decode()
                                              else "extend")
         load = self._step_load

@@ -28,15 +28,24 @@ from sglang_marconi.sglang_integration.stats import make_exporter
 logger = logging.getLogger("sglang_marconi.cache")
 
 
+def checkpoint_pool(params):
+    """SGLang's int8 checkpoint pool (``--enable-int8-mamba-checkpoint``), or None: where
+    the cached states live when it is on (stock and Marconi alike)."""
+    return getattr(params.req_to_token_pool, "mamba_ckpt_pool", None)
+
+
 def _spec_in_pool_bytes(spec, params):
     """``spec`` with the bytes the server's pools hold (logged; a disagreement with the
     cost model is a warning, and the pools' bytes are what the policy uses)."""
-    state = pool_bytes.state_bytes_per_slot(params.req_to_token_pool.mamba_pool)
+    ckpt = checkpoint_pool(params)
+    state = (pool_bytes.checkpoint_bytes_per_slot(ckpt) if ckpt is not None
+             else pool_bytes.state_bytes_per_slot(params.req_to_token_pool.mamba_pool))
     kv = pool_bytes.kv_bytes_per_token(params.token_to_kv_pool_allocator.get_kvcache())
-    logger.info("Marconi cache: SGLang's pools hold %s B per KV token, %s B per state "
-                "(cost model %s: %s B, %s B; %s)", f"{kv:,}" if kv else "?",
-                f"{state:,}" if state else "?", spec.name, f"{spec.kv_bytes_per_token:,}",
-                f"{spec.ssm_state_bytes:,}",
+    logger.info("Marconi cache: SGLang's pools hold %s B per KV token, %s B per cached "
+                "state%s (cost model %s: %s B, %s B; %s)", f"{kv:,}" if kv else "?",
+                f"{state:,}" if state else "?",
+                f" (int8 checkpoint pool, {ckpt.num_slots:,} slots)" if ckpt else "",
+                spec.name, f"{spec.kv_bytes_per_token:,}", f"{spec.ssm_state_bytes:,}",
                 spec.cache_dtypes.describe() if spec.cache_dtypes else "dtypes set by hand")
     if (kv and kv != spec.kv_bytes_per_token) or (state and state != spec.ssm_state_bytes):
         logger.warning("Marconi cache: the pools' bytes differ from the cost model's; "
@@ -58,6 +67,9 @@ class MarconiUnifiedRadixCache(UnifiedRadixCache):
         if spec is None:
             raise ValueError("MarconiUnifiedRadixCache needs the model's HybridModelSpec")
         self.unified = unified.is_unified(params)  # --enable-unified-memory: one ranking
+        ckpt = checkpoint_pool(params)
+        if ckpt is not None:  # cached states weigh and count as the checkpoint pool's
+            spec = spec.with_int8_checkpoints()
         if spec_from_pools:  # a server's pools (replays build tiny ones: slot counts only)
             spec = _spec_in_pool_bytes(spec, params)
         self.joint_walk, self.joint_clocks = None, ([], [])
@@ -75,7 +87,8 @@ class MarconiUnifiedRadixCache(UnifiedRadixCache):
         self.marconi = MarconiPolicyState(
             settings or MarconiSettings(), spec, grid=grid,
             kv_tokens=params.token_to_kv_pool_allocator.size,
-            state_slots=params.req_to_token_pool.mamba_pool.size,
+            state_slots=(ckpt.num_slots if ckpt is not None
+                         else params.req_to_token_pool.mamba_pool.size),
             extra_buffer=params.enable_mamba_extra_buffer)
         self._busy = 0  # re-entrancy of the timed calls (a match may evict)
         super().__init__(params)
@@ -86,9 +99,11 @@ class MarconiUnifiedRadixCache(UnifiedRadixCache):
         if self.marconi.exporter is not None:
             self.marconi.exporter.set_alpha(self.marconi.alpha)
         logger.info("Marconi cache: spec=%s policy=%s max_states_per_request=%s "
-                    "memory=%s", spec.name, self.marconi.settings.policy_name,
+                    "memory=%s%s", spec.name, self.marconi.settings.policy_name,
                     self.marconi.settings.max_states_per_request,
-                    "unified (KV and states ranked together)" if self.unified else "static")
+                    "unified (KV and states ranked together)" if self.unified else "static",
+                    f", cached states in the int8 checkpoint pool ({ckpt.num_slots:,} "
+                    "slots)" if ckpt is not None else "")
 
     def reset(self) -> None:
         """SGLang's reset (a new, empty tree), then fresh victim queues over it."""

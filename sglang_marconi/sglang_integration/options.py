@@ -41,8 +41,12 @@ _CONFLICTS = {
     "enable_session_radix_cache": "--enable-session-radix-cache is not supported",
     "enable_unified_cache_external_linker": "--enable-unified-cache-external-linker is not "
                                             "supported",
-    "enable_int8_mamba_checkpoint": "--enable-int8-mamba-checkpoint is not supported",
 }
+# SGLang's unified pool builds no int8 checkpoint pool (unified_memory_pool.py 1469): the
+# flag would do nothing there
+INT8_UNIFIED = ("--enable-int8-mamba-checkpoint does nothing with --enable-unified-memory "
+                "(SGLang's unified pool builds no checkpoint pool, unified_memory_pool.py "
+                "1469); drop one of them")
 
 
 def _alpha(value):
@@ -259,6 +263,9 @@ def settings_from_namespace(args) -> Optional[MarconiSettings]:
             raise ValueError(f"--cache-policy marconi: {reason}")
     if getattr(args, "enable_hierarchical_cache", False):
         check_host_tier(args)
+    if (getattr(args, "enable_int8_mamba_checkpoint", False)
+            and getattr(args, "enable_unified_memory", False)):
+        raise ValueError(f"--cache-policy marconi: {INT8_UNIFIED}")
     speculative = getattr(args, "speculative_algorithm", None)
     if speculative:
         raise ValueError(f"--cache-policy marconi: --speculative-algorithm {speculative} is "

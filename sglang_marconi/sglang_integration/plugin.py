@@ -8,7 +8,9 @@ line, and one runs the same checks, with the same messages (a ``ValueError``), w
 validates any ``ServerArgs`` at start-up (``ServerArgs.check_server_args``, called by
 ``Engine._launch_subprocesses`` for ``sglang.Engine(...)`` and the HTTP server alike):
 the Python API selects the policy with ``radix_cache_backend="marconi"`` and the
-``SGLANG_MARCONI_SETTINGS`` hand-over. (``ServerArgs`` is a msgspec struct: a hook on its
+``SGLANG_MARCONI_SETTINGS`` hand-over. A resolution hook lets
+``--enable-int8-mamba-checkpoint`` through SGLang's refusal of custom backends (its
+other refusals stand). (``ServerArgs`` is a msgspec struct: a hook on its
 ``__post_init__`` is never called.)
 """
 from __future__ import annotations
@@ -20,6 +22,7 @@ logger = logging.getLogger("sglang_marconi.plugin")
 ADD_CLI_ARGS = "sglang.srt.server_args.ServerArgs.add_cli_args"
 FROM_CLI_ARGS = "sglang.srt.server_args.ServerArgs.from_cli_args"
 CHECK_SERVER_ARGS = "sglang.srt.server_args.ServerArgs.check_server_args"
+INT8_CHECK = "handle_int8_mamba_checkpoint"  # a resolution step (arg_groups/mamba_hook.py)
 _registered = False
 
 
@@ -57,6 +60,34 @@ def _before_check_server_args(server_args, *args, **kwargs):
         validate_server_args(server_args)
 
 
+class _BuiltInCacheView:
+    """``server_args`` as SGLang's int8-checkpoint check reads it (through
+    ``resolving_view``), with the ``marconi`` backend seen as the built-in cache: the
+    Marconi cache is SGLang's ``UnifiedRadixCache`` with SGLang's MAMBA component under
+    it, whose int8 store, load and free it inherits."""
+
+    def __init__(self, server_args):
+        self._server_args = server_args
+
+    @property
+    def _resolved_overrides(self):
+        own = getattr(self._server_args, "_resolved_overrides", None) or ()
+        return [*own, ("sglang_marconi", {"radix_cache_backend": None})]
+
+    def __getattr__(self, name):
+        return getattr(self._server_args, name)
+
+
+def _around_int8_check(server_args, previous):
+    """SGLang refuses ``--enable-int8-mamba-checkpoint`` with any ``--radix-cache-backend``
+    ("not int8-aware"); for ``marconi`` its other refusals (HiCache, LMCache) stand."""
+    from sglang_marconi.sglang_integration.options import BACKEND_NAME
+
+    if getattr(server_args, "radix_cache_backend", None) == BACKEND_NAME:
+        server_args = _BuiltInCacheView(server_args)
+    previous(server_args)
+
+
 def register() -> None:
     """Register the backend and the flag hooks (idempotent)."""
     global _registered
@@ -69,6 +100,7 @@ def register() -> None:
         get_radix_cache_factory,
         register_radix_cache_backend,
     )
+    from sglang.srt.arg_groups.resolution_hooks import register_resolution_hook
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from sglang_marconi.sglang_integration.backend import marconi_cache_factory
@@ -79,5 +111,6 @@ def register() -> None:
     HookRegistry.register(ADD_CLI_ARGS, _after_add_cli_args, HookType.AFTER)
     HookRegistry.register(FROM_CLI_ARGS, _around_from_cli_args, HookType.AROUND)
     HookRegistry.register(CHECK_SERVER_ARGS, _before_check_server_args, HookType.BEFORE)
+    register_resolution_hook(INT8_CHECK)(_around_int8_check)
     _registered = True
     logger.debug("sglang-marconi plugin registered")

@@ -1,7 +1,8 @@
 """What one KV token and one cached state weigh in the pools a server actually built.
 
 Read from the tensors SGLang allocated (``MambaPool.mamba_cache``: conv and temporal
-tensors of shape (layers, slots + 1, ...); the full-attention KV pool's per-layer K and V
+tensors of shape (layers, slots + 1, ...), or with ``--enable-int8-mamba-checkpoint`` the
+checkpoint pool that holds the cached states; the full-attention KV pool's per-layer K and V
 buffers of shape (tokens + page, heads, dim)), so the plugin ranks and budgets in the
 server's own bytes whatever dtype rule or parallel layout made them. ``None`` where a pool
 keeps another layout (unified memory's byte buffer, MLA's latent pool): the cost model's
@@ -24,6 +25,14 @@ def state_bytes_per_slot(mamba_pool):
         return None
     layers = temporal.shape[0]
     return layers * (sum(_row_bytes(c, 1) for c in conv) + _row_bytes(temporal, 1))
+
+
+def checkpoint_bytes_per_slot(ckpt_pool):
+    """Bytes of one slot of SGLang's int8 checkpoint pool (``MambaCheckpointPool``: int8
+    temporal values, their scales, the conv windows; slot 0 reserved), or None."""
+    if ckpt_pool is None:
+        return None
+    return ckpt_pool.mem_usage_bytes() // (ckpt_pool.num_slots + 1)
 
 
 def kv_bytes_per_token(kv_pool):

@@ -12,6 +12,8 @@ PAGE = {("nemotron_h", "extra_buffer"): 16}
 # stays up for test_live_tools.py
 CONFIGS = [(m, b, p) for m in MODELS for b in BUFFERS for p in ("stock", "marconi-alpha", "marconi")]
 LAST = CONFIGS[-1]
+# int8 checkpoints (--enable-int8-mamba-checkpoint) with SGLang's defaults, before the last
+CONFIGS.insert(-1, ("qwen3_next", "extra_buffer", "marconi-int8"))
 
 
 def config_id(cfg) -> str:

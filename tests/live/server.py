@@ -35,13 +35,19 @@ BUFFERS = {
     "no_buffer": ["--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule"],
     "extra_buffer": ["--mamba-radix-cache-strategy", "extra_buffer"],
 }
-# marconi-alpha: the paper's ranking at a fixed alpha (every state SGLang takes admitted)
+# marconi-alpha: the paper's ranking at a fixed alpha (every state SGLang takes admitted);
+# marconi-int8: cached states in SGLang's int8 checkpoint pool
+INT8 = ["--enable-int8-mamba-checkpoint"]
 POLICIES = {"stock": [], "marconi": ["--cache-policy", "marconi"],
-            "marconi-alpha": ["--cache-policy", "marconi", "--marconi-alpha", "1"]}
+            "marconi-alpha": ["--cache-policy", "marconi", "--marconi-alpha", "1"],
+            "marconi-int8": ["--cache-policy", "marconi", *INT8]}
 # what ab replays each server with: its column and flags
 AB_CACHES = {"stock": ("stock", []), "marconi": ("marconi", []),
-             "marconi-alpha": ("marconi", ["--marconi-alpha", "1"])}
-LEARNED_ADMISSION = {"marconi"}  # may decline end / track states (learned end admission)
+             "marconi-alpha": ("marconi", ["--marconi-alpha", "1"]),
+             "marconi-int8": ("marconi", INT8)}
+# may decline end / track states (learned end admission)
+LEARNED_ADMISSION = {"marconi", "marconi-int8"}
+INT8_POLICIES = {"marconi-int8"}  # resumed states pass through int8: not bitwise exact
 
 
 def free_port() -> int:

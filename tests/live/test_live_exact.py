@@ -10,7 +10,9 @@ the nine configurations (each buffer and loop, each policy once) and Nemotron-H 
 test``; ``verify-exact --live`` runs all nine). A configuration passes when the scripted resumes really happened
 (``cached_tokens`` at the chunk, branch, decode-track and end states) and every output
 token equals the reference's where its top-1 lead is clear, with logprobs within a
-relative 1e-4.
+relative 1e-4. With ``--enable-int8-mamba-checkpoint`` (Qwen3-Next here, both models in
+``verify-exact --live``) every hit must resume from a state bitwise equal to SGLang's int8
+round trip of the stored one (the test kit's audit), within the int8 rounding's tolerance.
 """
 from __future__ import annotations
 
@@ -23,6 +25,9 @@ import exact_live as ex
 from farm import ServerFarm
 from tiny_models import VOCAB
 
+# the int8 scenario runs on Qwen3-Next in make test (both models in verify-exact --live)
+INT8_MODELS = ("qwen3_next",)
+
 
 def _start(model_path, model, cfg):
     return ex.server_for(model_path, cfg, model).start()
@@ -34,7 +39,8 @@ def exact_farm(request, tmp_path_factory):
     (``ex.checked_configs``) and the negative control, one server each, in that order."""
     model = request.param
     path = ex.write_model(tmp_path_factory.mktemp(f"exact-{model}"), model)
-    farm = ServerFarm([ex.REFERENCE, *ex.checked_configs(model), ex.NEGATIVE],
+    int8 = [*ex.INT8_CONFIGS, ex.INT8_NEGATIVE] if model in INT8_MODELS else []
+    farm = ServerFarm([ex.REFERENCE, *ex.checked_configs(model), ex.NEGATIVE, *int8],
                       partial(_start, path, model))
     yield model, farm
     farm.close()
@@ -77,3 +83,21 @@ def test_negative_control_a_perturbed_resumed_state_breaks_the_tolerance(referen
     _, worst_resumed = ex.summary(comparisons)
     assert worst_resumed > 100 * ex.REL_TOL, worst_resumed
     assert all(c.max_rel <= ex.REL_TOL for c in comparisons if c.cached_tokens == 0)
+
+
+def test_int8_hits_resume_from_the_bitwise_round_trip(reference, exact_farm):
+    """--enable-int8-mamba-checkpoint with marconi: the scripted hits happen, each loads a
+    state bitwise equal to SGLang's int8 round trip of the state stored for it (the test
+    kit's audit), and the outputs stay within the int8 rounding of the uncached ones; with
+    every loaded state scaled, the audit fails on every load and the outputs break the
+    tolerance by more than 10x."""
+    model, farm = exact_farm
+    if model not in INT8_MODELS:
+        pytest.skip(f"{model}: the int8 scenario runs in verify-exact --live")
+    result = ex.run_int8(farm, reference, model, log=lambda _msg: None)
+    for cfg, res in result["configs"].items():
+        assert res["problems"] == [], cfg
+        assert res["audit"]["equal"] >= 6
+    neg = result["negative_control"]
+    assert neg["audit"]["failed"] >= 3 and neg["audit"]["equal"] == 0, neg
+    assert neg["max_rel_resumed"] > 10 * ex.INT8_REL_TOL, neg

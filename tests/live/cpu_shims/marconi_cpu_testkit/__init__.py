@@ -27,6 +27,10 @@ starts (``marconi_cpu_testkit-0.1.dist-info`` beside this folder: the folder is 
    scans (``mamba2_kernels.py``: Triton kernels, or names SGLang binds on GPUs only);
    ``MARCONI_CPU_TESTKIT_PERTURB_STATE=x`` scales every state ``MambaPool.copy_from``
    copies by ``1 + x`` (the exactness tests' negative control).
+   With ``--enable-int8-mamba-checkpoint`` the int8 audit (``int8_audit.py``) keeps the
+   full-precision state of every checkpoint SGLang stores and checks each load against
+   ``Int8CheckpointStore``'s round trip of it, bitwise (a line per load in the log); the
+   perturbation scales the loaded states too.
 5. torch here is a CUDA build without a driver: ``torch.get_device_module()`` with no
    argument answers ``torch.cpu`` and ``Tensor.pin_memory()`` returns the tensor
    (``models/qwen3_next.py``, ``managers/schedule_batch.py`` extra_buffer track mask);
@@ -170,6 +174,9 @@ def register() -> None:
             bind_absent(module, names)
     if perturb_scale():
         HookRegistry.register(MAMBA_COPY, perturbed_copy_from, HookType.AROUND)
+    from marconi_cpu_testkit import int8_audit
+    for target, fn in int8_audit.hooks(perturb_scale()).items():
+        HookRegistry.register(target, fn, HookType.AROUND)
     HookRegistry.register(EXTRA_BUFFER_PLATFORM, _extra_buffer_supported, HookType.REPLACE)
     from sglang.srt.mem_cache.pool_host import base as host_pool_base
 
