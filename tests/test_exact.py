@@ -185,3 +185,25 @@ def test_cli_negative_control_exits_1(capsys):
 
     assert main(["verify-exact", "--arch", "qwen3_next", "--ssm-offset", "-1"]) == 1
     assert capsys.readouterr().out.rstrip().endswith("FAIL")
+
+
+def test_live_int8_summary_line(capsys):
+    """``verify-exact --live`` ends each model's int8 scenario with one PASS / FAIL line of
+    its figures (``exact_live.run_int8``'s result)."""
+    from sglang_marconi.cli.verify_exact import print_int8
+
+    res = {"configs": {"extra_buffer-marconi-int8": {
+               "problems": [], "audit": {"equal": 9, "failed": 0}, "max_rel": 3.1e-4}},
+           "negative_control": {"perturb": 1.0, "audit": {"equal": 0, "failed": 4},
+                                "max_rel_resumed": 3.5e-2},
+           "passed": True}
+    print_int8("qwen3_next", res, 1e-3)
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("PASS int8 checkpoints (qwen3_next, tolerance 1e-03)")
+    assert "9 hits resumed from a state bitwise equal" in line and "= 35x" in line
+    res["passed"] = False
+    res["configs"]["extra_buffer-marconi-int8"]["problems"] = ["int8 audit: 8 loads ..."]
+    print_int8("qwen3_next", res, 1e-3)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "FAIL qwen3_next extra_buffer-marconi-int8: int8 audit: 8 loads ..."
+    assert lines[1].startswith("FAIL int8 checkpoints")

@@ -81,6 +81,8 @@ def _check_mode(args) -> None:
         stray = [flag for dest, flag in POOL_FLAGS if given(dest)]
         if host_enabled(args):
             stray.append("--hicache-*")
+        if args.enable_int8_mamba_checkpoint or args.int8_mamba_ckpt_size is not None:
+            stray.append("--enable-int8-mamba-checkpoint")
         if stray:
             raise UserError(f"{', '.join(stray)}: SGLang's pools; --paper takes one byte "
                             "budget (--capacity)")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
 from dataclasses import dataclass
 from typing import Optional
 
@@ -143,6 +144,8 @@ def build_pools(pc: PoolConfig):
                                    layers=MAMBA_LAYERS)
     overlap = {} if pc.overlap_schedule is None else {
         "enable_overlap_schedule": pc.overlap_schedule}
+    # the checkpoint pool's start-up lines speak of HBM headroom: not the replay's tiny tensors
+    logging.getLogger("sglang.srt.mem_cache.mamba_checkpoint_pool").setLevel(logging.ERROR)
     req_to_token_pool = HybridReqToTokenPool(
         size=pc.max_running_requests, mamba_size=pc.mamba_slots,
         mamba_spec_state_size=pc.max_running_requests, max_context_len=pc.max_context_len,
