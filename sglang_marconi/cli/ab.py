@@ -177,15 +177,16 @@ def _run(args) -> int:
     return run_replay(args, spec, read_trace(args.trace), str(args.trace))
 
 
-def run_replay(args, spec, trace, label: str) -> int:
+def run_replay(args, spec, trace, label: str, settings=None) -> int:
     """``trace`` through every cache of ``--caches`` on the pools the flags size, printed
-    as a table or JSON (``ab``, and ``sim`` without ``--paper``)."""
+    as a table or JSON (``ab``, and ``sim`` without ``--paper``); ``settings``: the Marconi
+    columns' ``MarconiSettings`` (the Python API; default: from the flags)."""
     # torch and sglang: only for a run, not for --help
     from sglang_marconi.driver.pools import PoolConfig
     from sglang_marconi.harness.ab import ABConfig, run_ab, to_replay_requests
 
     caches = _caches(args.caches)
-    settings = _settings(args)
+    settings = settings or _settings(args)
     if not spec.is_hybrid:
         raise UserError(f"model {spec.name} has no SSM layers: Marconi needs a hybrid model")
     requests = to_replay_requests(trace, args.limit)
