@@ -1,0 +1,78 @@
+"""The policy matrix's parts (``scripts/policy_matrix.py``): its Mooncake-format
+multi-turn generator keeps Mooncake's shape (turns extend an earlier input with new
+blocks; outputs never reappear), its 48 cells spread models, memory modes and sizes over
+every trace, and its judgement (ratio, binding, gap) reads the runs as it says; one small
+cell runs end to end through ``ab``."""
+import numpy as np
+import pytest
+
+from marconi_matrix import cells as mc
+from marconi_matrix.traces import GENERATED, MooncakeTurns, mooncake_turns
+from sglang_marconi.sim.traces import MOONCAKE_BLOCK
+
+
+def test_mooncake_turns_extend_an_earlier_input_and_never_reuse_outputs():
+    trace = mooncake_turns(MooncakeTurns(sessions=40), seed=3)
+    assert trace.requests == sorted(trace.requests, key=lambda r: r.timestamp)
+    by_session, outputs, rewinds = {}, set(), 0
+    for r in trace.requests:
+        assert not outputs & set(r.input_tokens.tolist())  # no output reappears
+        earlier = by_session.setdefault(r.session_id, [])
+        if earlier:
+            bases = [e for e in earlier
+                     if len(e) < len(r.input_tokens)
+                     and np.array_equal(r.input_tokens[:len(e)], e)]
+            assert bases, "a turn extends an earlier input of its conversation"
+            rewinds += not np.array_equal(r.input_tokens[:len(earlier[-1])], earlier[-1])
+            assert (len(r.input_tokens) - max(map(len, bases))) % MOONCAKE_BLOCK == 0
+        earlier.append(r.input_tokens)
+        outputs.update(r.output_tokens.tolist())
+    assert rewinds > 0
+    again = mooncake_turns(MooncakeTurns(sessions=40), seed=3)
+    assert all(np.array_equal(a.input_tokens, b.input_tokens)
+               for a, b in zip(trace.requests, again.requests))
+
+
+def test_cells_cover_every_trace_model_mode_and_size():
+    cells = mc.cells([0, 1, 2])
+    assert len(cells) == 48 and len({c.name for c in cells}) == 48
+    assert {c.trace for c in cells} == set(mc.TRACES) == {"bundled", *GENERATED}
+    for trace in mc.TRACES:
+        mine = [c for c in cells if c.trace == trace]
+        assert {c.model for c in mine} == {"qwen3_next", "nemotron_h"}
+        assert {c.memory for c in mine} == {"static", "unified"}
+        assert {c.fraction for c in mine} == {0.05, 0.15, 0.40}
+        assert {c.seed for c in mine} == ({0} if trace == "bundled" else {0, 1, 2})
+
+
+def _row(stock, marconi, ceiling, evicted, hits=150):
+    col = lambda f: {"flops_saved_fraction": f, "input_tokens": 1000, "hit_tokens": 200,  # noqa: E731
+                     "kv_tokens_evicted": evicted, "hit_requests": hits}
+    return {"columns": {"stock": col(stock), "marconi": col(marconi)}, "ceiling": ceiling,
+            "output_tokens": 200}
+
+
+def test_ratio_binding_and_gap():
+    row = _row(0.20, 0.25, 0.30, evicted=100)
+    assert mc.ratio(row) == pytest.approx(1.25)
+    assert mc.gap_closed(row) == pytest.approx(0.5)
+    assert mc.binds(row)  # 100 of 1000 - 200 + 200 inserted
+    assert not mc.binds(_row(0.2, 0.25, 0.3, evicted=99))
+    assert mc.ratio(_row(0.0, 0.1, 0.3, 0)) is None
+    assert mc.gap_closed(_row(0.3, 0.3, 0.3, 0)) is None
+
+
+def test_one_small_cell_runs_through_ab():
+    pytest.importorskip("sglang")
+    from sglang_marconi.sim.generators import generate
+
+    trace = generate("fork-join", seed=0, programs=25)
+    fp = mc.footprint(trace, "qwen3_next")
+    assert fp["bytes"] > 0 and 0 < fp["ceiling"] < 1
+    row = mc.run_cell(mc.Cell("fork-join", "qwen3_next", "static", 0.15, 0), trace, fp, {})
+    stock, marconi = row["columns"]["stock"], row["columns"]["marconi"]
+    assert row["size_fraction"] >= 0.15
+    assert stock["flops_saved_fraction"] <= fp["ceiling"] + 1e-12
+    assert stock["input_tokens"] == marconi["input_tokens"] == sum(
+        r.input_len for r in trace.requests)
+    assert stock["kv_tokens_evicted"] > 0  # 15% of the footprint binds
