@@ -60,6 +60,7 @@ def test_ratio_binding_and_gap():
     assert not mc.binds(_row(0.2, 0.25, 0.3, evicted=99))
     assert mc.ratio(_row(0.0, 0.1, 0.3, 0)) is None
     assert mc.gap_closed(_row(0.3, 0.3, 0.3, 0)) is None
+    assert mc.gap_closed(_row(0.3, 0.3, 0.304, 0)) is None  # under half a point: noise
 
 
 def test_one_small_cell_runs_through_ab():

@@ -29,6 +29,7 @@ LAYOUT = (("qwen3_next", "static", 0.05), ("qwen3_next", "static", 0.40),
           ("qwen3_next", "unified", 0.15), ("nemotron_h", "static", 0.15),
           ("nemotron_h", "unified", 0.05), ("nemotron_h", "unified", 0.40))
 BINDS = 0.10  # a cell binds when stock evicts at least this share of the KV it inserts
+MIN_GAP = 0.005  # the gap share needs this much headroom between stock and the ceiling
 
 
 @dataclass(frozen=True)
@@ -135,4 +136,5 @@ def binds(row: dict) -> bool:
 def gap_closed(row: dict, name: str = "marconi") -> Optional[float]:
     s = row["columns"]["stock"]["flops_saved_fraction"]
     m = row["columns"][name]["flops_saved_fraction"]
-    return (m - s) / (row["ceiling"] - s) if row["ceiling"] > s else None
+    # under half a point of headroom the share is noise
+    return (m - s) / (row["ceiling"] - s) if row["ceiling"] - s >= MIN_GAP else None
