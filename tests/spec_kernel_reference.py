@@ -7,10 +7,12 @@ must be set before Triton decorates the kernels, hence a process of its own): lo
 inputs (``torch.save``d dict of cases), runs on each the installed SGLang's GPU path for
 the op (the Triton kernel and, where it has one, its Python wrapper) and saves the
 outputs. The wrappers that refuse CPU tensors (the Mamba state scatters check
-``is_cuda``) see them as device tensors here: this process only runs the reference.
+``is_cuda``) see them as device tensors here, and ``torch.cpu.device`` is a no-op context
+(the Mamba2 update's wrapper enters it): this process only runs the reference.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -110,9 +112,53 @@ def _window_view(c):
     return shared.as_strided((layers, reqs, steps, dim, km1), (s[0], s[1], s[3], s[2], s[3]))
 
 
+def conv_verify(c):
+    """The causal conv over each row's draft steps, every step's window kept."""
+    from sglang.kernels.ops.mamba.causal_conv1d_triton import causal_conv1d_update
+
+    states, windows = c["conv_states"].clone(), c["windows"].clone()
+    out = causal_conv1d_update(c["x"].clone(), states, c["weight"], c["bias"], "silu",
+                               conv_state_indices=c["slots"], intermediate_conv_window=windows,
+                               intermediate_state_indices=c["rows"])
+    return {"out": out, "conv_states": states, "windows": windows}
+
+
+def gdn_verify(c):
+    """The gated delta rule over each request's draft steps (``TritonGDNKernel
+    .target_verify``'s call): the state after every step kept, the pool left alone."""
+    from sglang.kernels.ops.attention.linear.fused_sigmoid_gating_recurrent import (
+        fused_sigmoid_gating_delta_rule_update)
+
+    pool, kept = c["pool"].clone(), c["kept"].clone()
+    out = fused_sigmoid_gating_delta_rule_update(
+        A_log=c["A_log"], dt_bias=c["dt_bias"], q=c["q"], k=c["k"], v=c["v"], a=c["a"],
+        b=c["b"], initial_state_source=pool, initial_state_indices=c["slots"],
+        cu_seqlens=c["cu_seqlens"], use_qk_l2norm_in_kernel=True, softplus_beta=1.0,
+        softplus_threshold=20.0, is_kda=False, disable_state_update=True,
+        intermediate_states_buffer=kept, intermediate_state_indices=c["rows"],
+        cache_steps=c["steps"], retrieve_parent_token=None)
+    return {"out": out, "pool": pool, "kept": kept}
+
+
+def mamba_verify(c):
+    """The Mamba2 selective state update over each row's draft steps (the mixer's
+    target-verify call)."""
+    from sglang.kernels.ops.mamba.triton_ops.mamba_ssm import selective_state_update
+
+    pool, kept = c["pool"].clone(), c["kept"].clone()
+    out = torch.zeros_like(c["x"])
+    selective_state_update(pool, c["x"], c["dt"], c["A"], c["B"], c["C"], c["D"], z=None,
+                           dt_bias=c["dt_bias"], dt_softplus=True,
+                           state_batch_indices=c["slots"], out=out, disable_state_update=True,
+                           intermediate_states_buffer=kept, cache_steps=c["x"].shape[1],
+                           intermediate_state_indices=c["rows"])
+    return {"out": out, "pool": pool, "kept": kept}
+
+
 KINDS = {"tree": tree, "verify": verify, "extend_locs": extend_locs,
          "assign_req_to_token": assign_req_to_token, "accept_locs": accept_locs,
-         "state_scatter": state_scatter, "conv_scatter": conv_scatter}
+         "state_scatter": state_scatter, "conv_scatter": conv_scatter,
+         "conv_verify": conv_verify, "gdn_verify": gdn_verify, "mamba_verify": mamba_verify}
 
 
 def main(cases_path: str, out_path: str) -> int:
@@ -121,6 +167,8 @@ def main(cases_path: str, out_path: str) -> int:
     sys.path.insert(0, str(SHIMS))  # the sgl_kernel stand-in (reconstruct_tree imports it)
     # the state scatters' wrappers refuse non-device tensors; here they run interpreted
     torch.Tensor.is_cuda = property(lambda self: True)
+    # and the Mamba2 update's wrapper enters the tensors' device context
+    torch.cpu.device = lambda index=None: contextlib.nullcontext()
     cases = torch.load(cases_path)
     torch.save({name: KINDS[case["kind"]](case) for name, case in cases.items()}, out_path)
     return 0

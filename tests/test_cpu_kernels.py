@@ -502,7 +502,38 @@ def _spec_cases() -> dict:
             dst_indices=torch.tensor([4, 1, 5]),
             steps=torch.tensor([2, -1, N - 1]) if name else torch.tensor([0, N - 1, 3]),
             src_indices=src_indices)
+    cases.update(_verify_cases(gen))
     return {k: {n: v for n, v in c.items() if v is not None} for k, c in cases.items()}
+
+
+STEPS = 4  # draft tokens of the verify cases
+
+
+def _verify_cases(gen) -> dict:
+    """Three requests' draft chains through the verify forms of the mixers' ops (pool
+    slots 3, 0, 4; scratch rows 2, 0, 1)."""
+    slots, rows, n = torch.tensor([3, 0, 4], dtype=torch.int32), torch.tensor(
+        [2, 0, 1], dtype=torch.int32), 3
+    mh, mp, mn, mg = 4, 8, 6, 2  # Mamba2 heads, head dim, state size, groups
+    rnd = lambda *shape: torch.randn(*shape, generator=gen)  # noqa: E731
+    return {
+        "conv_verify": dict(kind="conv_verify", x=rnd(n, DIM, STEPS),
+                            conv_states=rnd(5, DIM, WIDTH - 1), weight=rnd(DIM, WIDTH),
+                            bias=rnd(DIM), slots=slots, rows=rows,
+                            windows=torch.zeros(n + 1, STEPS, DIM, WIDTH - 1)),
+        "gdn_verify": dict(kind="gdn_verify", q=rnd(1, n * STEPS, H, K), k=rnd(1, n * STEPS, H, K),
+                           v=rnd(1, n * STEPS, HV, V), a=rnd(n * STEPS, HV),
+                           b=rnd(n * STEPS, HV), A_log=torch.rand(HV, generator=gen).log(),
+                           dt_bias=rnd(HV) * 0.5, pool=rnd(5, HV, V, K), slots=slots,
+                           cu_seqlens=torch.arange(0, n * STEPS + 1, STEPS, dtype=torch.int32),
+                           kept=torch.zeros(n + 1, STEPS, HV, V, K), rows=rows, steps=STEPS),
+        "mamba_verify": dict(kind="mamba_verify", pool=rnd(5, mh, mp, mn),
+                             x=rnd(n, STEPS, mh, mp), dt=rnd(n, STEPS, mh, mp) * 0.5,
+                             A=-torch.rand(mh, 1, 1, generator=gen).expand(mh, mp, mn) - 0.1,
+                             B=rnd(n, STEPS, mg, mn), C=rnd(n, STEPS, mg, mn),
+                             D=rnd(mh, mp), dt_bias=rnd(mh, mp) * 0.1, slots=slots, rows=rows,
+                             kept=torch.zeros(n + 1, STEPS, mh, mp, mn)),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -630,3 +661,137 @@ def test_kv_move_matches_sglang_native_move():
     with pytest.raises(ValueError, match="4 targets for 3 sources"):
         sk.copy_all_layer_kv_cache_cpu(torch.tensor([k[0].data_ptr()]),
                                        torch.tensor([k[0][0].nbytes]), tgt, src[:3])
+
+
+def test_conv_verify_keeps_every_steps_window_as_sglang(spec_reference):
+    """``causal_conv1d_update_cpu`` on a verify batch: SGLang's Triton kernel's outputs,
+    conv states (shifted by every draft) and per-step windows; the window kept at step t
+    is the conv state t + 1 plain decode steps leave."""
+    cases, ref = spec_reference
+    c, want = cases["conv_verify"], ref["conv_verify"]
+    states, windows = c["conv_states"].clone(), c["windows"].clone()
+    out = tk.causal_conv1d_update_cpu(c["x"].clone(), states, c["weight"], c["bias"], "silu",
+                                      conv_state_indices=c["slots"],
+                                      intermediate_conv_window=windows,
+                                      intermediate_state_indices=c["rows"])
+    torch.testing.assert_close(out, want["out"], **TOL)
+    torch.testing.assert_close(states, want["conv_states"], **TOL)
+    torch.testing.assert_close(windows, want["windows"], **TOL)
+    decoded = c["conv_states"].clone()
+    for t in range(STEPS):
+        step = tk.causal_conv1d_update_cpu(c["x"][:, :, t], decoded, c["weight"], c["bias"],
+                                           "silu", conv_state_indices=c["slots"])
+        torch.testing.assert_close(step, out[:, :, t], **TOL)
+        torch.testing.assert_close(windows[c["rows"].long(), t],
+                                   decoded[c["slots"].long()], **TOL)
+
+
+def _gdn_verify(c, pool, kept):
+    return tk.fused_sigmoid_gating_delta_rule_update_cpu(
+        A_log=c["A_log"], dt_bias=c["dt_bias"], q=c["q"], k=c["k"], v=c["v"], a=c["a"],
+        b=c["b"], initial_state_source=pool, initial_state_indices=c["slots"],
+        cu_seqlens=c["cu_seqlens"], use_qk_l2norm_in_kernel=True, is_kda=False,
+        disable_state_update=kept is not None, intermediate_states_buffer=kept,
+        intermediate_state_indices=c["rows"], cache_steps=STEPS, retrieve_parent_token=None)
+
+
+def test_gdn_verify_keeps_every_steps_state_as_sglang(spec_reference):
+    """The gated delta rule over each draft chain (``TritonGDNKernel.target_verify``'s
+    call): SGLang's Triton kernel's outputs and per-step states, the pool state untouched;
+    the last kept state is the one a plain pass over the same tokens writes."""
+    cases, ref = spec_reference
+    c, want = cases["gdn_verify"], ref["gdn_verify"]
+    pool, kept = c["pool"].clone(), c["kept"].clone()
+    out = _gdn_verify(c, pool, kept)
+    torch.testing.assert_close(out, want["out"].reshape(out.shape), **TOL)
+    assert torch.equal(pool, c["pool"]) and torch.equal(want["pool"], c["pool"])
+    torch.testing.assert_close(kept, want["kept"], **TOL)
+    one_pass = c["pool"].clone()
+    torch.testing.assert_close(_gdn_verify(c, one_pass, None), out, **TOL)
+    torch.testing.assert_close(kept[c["rows"].long(), STEPS - 1], one_pass[c["slots"].long()],
+                               **TOL)
+
+
+def test_mamba2_verify_keeps_every_steps_state_as_sglang(spec_reference):
+    cases, ref = spec_reference
+    c, want = cases["mamba_verify"], ref["mamba_verify"]
+    pool, kept, out = c["pool"].clone(), c["kept"].clone(), torch.zeros_like(c["x"])
+    m2.selective_state_update(pool, c["x"], c["dt"], c["A"], c["B"], c["C"], c["D"],
+                              dt_bias=c["dt_bias"], dt_softplus=True,
+                              state_batch_indices=c["slots"], out=out,
+                              disable_state_update=True, intermediate_states_buffer=kept,
+                              cache_steps=STEPS, intermediate_state_indices=c["rows"])
+    torch.testing.assert_close(out, want["out"], **TOL)
+    assert torch.equal(pool, c["pool"]) and torch.equal(want["pool"], c["pool"])
+    torch.testing.assert_close(kept, want["kept"], **TOL)
+    assert kept[c["rows"].long()].abs().sum() > 0
+
+
+class _KVPool:
+    """The two buffers of one attention layer, written as SGLang's pool writes them."""
+
+    def __init__(self, slots: int, heads: int, dim: int, gen):
+        self.k = torch.randn(slots, heads, dim, generator=gen)
+        self.v = torch.randn(slots, heads, dim, generator=gen)
+
+    def set_kv_buffer(self, layer, loc, k, v):
+        self.k[loc.loc.long()] = k.view(-1, *self.k.shape[1:])
+        self.v[loc.loc.long()] = v.view(-1, *self.v.shape[1:])
+
+    def get_key_buffer(self, layer_id):
+        return self.k
+
+    def get_value_buffer(self, layer_id):
+        return self.v
+
+
+def test_verify_attention_follows_the_draft_mask():
+    """``verify_forward_extend`` (the torch_native backend under speculative verify): each
+    draft attends to its request's whole prefix and to the drafts its mask allows, with
+    the drafts' K/V written at their slots; against attention written out by hand, for a
+    chain (SGLang's causal extend path) and for a star of padding drafts (NGRAM's fill)."""
+    import types
+
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+    from sglang.srt.layers.radix_attention import AttentionType
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    gen = _gen(50)
+    qh, kh, d, steps = 4, 2, 8, 4
+    backend = object.__new__(TorchNativeAttnBackend)
+    backend.token_to_kv_pool = _KVPool(64, kh, d, gen)
+    backend.swa_out_cache_loc = None
+    seq_lens = torch.tensor([5, 9])
+    req_to_token = torch.randperm(64, generator=gen)[:2 * 20].view(2, 20).int()
+    backend.req_to_token_pool = types.SimpleNamespace(req_to_token=req_to_token)
+    star = torch.eye(steps, dtype=torch.bool)
+    star[:, 0] = True
+    mask = torch.stack([torch.ones(steps, steps, dtype=torch.bool).tril(), star])
+    out_loc = torch.cat([req_to_token[b, int(seq_lens[b]):int(seq_lens[b]) + steps]
+                         for b in range(2)]).long()
+    batch = types.SimpleNamespace(
+        forward_mode=ForwardMode.TARGET_VERIFY, seq_lens=seq_lens,
+        req_pool_indices=torch.tensor([0, 1]), out_cache_loc=out_loc, encoder_lens=None,
+        spec_info=types.SimpleNamespace(draft_token_num=steps, custom_mask=mask.flatten()),
+        extend_prefix_lens=None, extend_seq_lens=None)
+    layer = types.SimpleNamespace(qk_head_dim=d, v_head_dim=d, tp_q_head_num=qh,
+                                  tp_k_head_num=kh, is_cross_attention=False,
+                                  attn_type=AttentionType.DECODER, scaling=d ** -0.5,
+                                  sliding_window_size=None, layer_id=0)
+    q = torch.randn(2 * steps, qh * d, generator=gen)
+    k = torch.randn(2 * steps, kh * d, generator=gen)
+    v = torch.randn(2 * steps, kh * d, generator=gen)
+    out = tk.verify_forward_extend(backend, q, k, v, layer, batch).view(2 * steps, qh, d)
+    pool = backend.token_to_kv_pool
+    assert torch.equal(pool.k[out_loc], k.view(-1, kh, d))
+    for b in range(2):
+        prefix = int(seq_lens[b])
+        slots = req_to_token[b, :prefix + steps].long()
+        keys = pool.k[slots].repeat_interleave(qh // kh, 1)      # [kv, qh, d]
+        vals = pool.v[slots].repeat_interleave(qh // kh, 1)
+        for i in range(steps):
+            allowed = torch.cat([torch.ones(prefix, dtype=torch.bool), mask[b, i]])
+            qi = q.view(2 * steps, qh, d)[b * steps + i]
+            w = torch.softmax(torch.einsum("hd,khd->hk", qi, keys[allowed]) * d ** -0.5, -1)
+            want = torch.einsum("hk,khd->hd", w, vals[allowed])
+            torch.testing.assert_close(out[b * steps + i], want, **TOL)
