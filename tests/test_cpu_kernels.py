@@ -424,3 +424,374 @@ def test_causal_conv_matches_causal_conv1d_references():
                                                conv_state_indices=torch.tensor([3, 0]))
     torch.testing.assert_close(got, update_ref(step, ref_states, weight, bias, "silu"), **TOL)
     torch.testing.assert_close(states[[3, 0]], ref_states, **TOL)
+
+
+# --- speculative decoding's CPU ops (``spec_kernels.py``) -----------------------------------
+# Reference: the installed SGLang's own GPU path for each op (its Triton kernels and their
+# wrappers), run on the same CPU tensors by Triton's interpreter in a process of its own
+# (``tests/spec_kernel_reference.py``); the KV move against SGLang's torch
+# ``move_kv_cache_native``.
+from marconi_cpu_testkit import spec_kernels as sk  # noqa: E402
+
+import spec_kernel_reference as spec_ref  # noqa: E402
+
+BS, N = 4, 6  # requests, draft tokens
+
+
+def _random_tree(gen) -> torch.Tensor:
+    """Ancestor masks ``[BS, N, N]`` of random draft trees (node 0 the root, a parent
+    before its child), the diagonal set as NGRAM's masks have it, and junk above the
+    diagonal that the contract ignores."""
+    mask = torch.zeros(BS, N, N, dtype=torch.bool)
+    for b in range(BS):
+        parent = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, N)]
+        if b == 0:
+            parent = [-1] + list(range(N - 1))  # a chain (breadth 1)
+        for i in range(N):
+            mask[b, i, i] = True
+            j = parent[i]
+            while j >= 0:
+                mask[b, i, j] = True
+                j = parent[j]
+    return mask | (torch.rand(BS, N, N, generator=gen) > 0.7).triu(1)
+
+
+def _spec_cases() -> dict:
+    gen = _gen(40)
+    mask = _random_tree(gen)
+    seq_lens = torch.tensor([5, 17, 0, 300])
+    links = {k: torch.empty(BS, N, dtype=torch.int64)
+             for k in ("retrieve_index", "retrieve_next_token", "retrieve_next_sibling")}
+    sk.reconstruct_indices_from_tree_mask(mask.flatten(), seq_lens,
+                                          torch.empty(BS * N, dtype=torch.int64),
+                                          links["retrieve_index"], links["retrieve_next_token"],
+                                          links["retrieve_next_sibling"], BS, N)
+    # tokens from a 3-letter vocabulary, so that drafts match the target's predictions
+    # along some paths and not others
+    candidates = torch.randint(0, 3, (BS, N), generator=gen)
+    target = torch.randint(0, 3, (BS, N), generator=gen)
+    target[0, :-1] = candidates[0, 1:]  # the chain: every draft accepted
+    r2t = torch.randint(0, 1000, (5, 40), generator=gen, dtype=torch.int32)
+    rpi = torch.tensor([3, 0, 4])
+    start, end = torch.tensor([2, 0, 37]), torch.tensor([9, 0, 40])
+    accept = torch.tensor([[0, 2, 3, -1], [6, -1, -1, -1], [12, 13, 14, 17]], dtype=torch.int32)
+    shared = torch.randn(2, 3, 5, N + 2, generator=gen)  # K - 1 = 3: windows of N steps
+    cases = {
+        "tree": dict(kind="tree", tree_mask=mask.flatten(), seq_lens=seq_lens, bs=BS, n=N),
+        "verify": dict(kind="verify", candidates=candidates, target_predict=target,
+                       depth=N, **links),
+        "verify-shallow": dict(kind="verify", candidates=candidates, target_predict=target,
+                               depth=3, **links),
+        "extend_locs": dict(kind="extend_locs", req_to_token=r2t, req_pool_indices=rpi,
+                            start=start, end=end),
+        "assign_req_to_token": dict(kind="assign_req_to_token", req_to_token=r2t,
+                                    req_pool_indices=rpi, start=start, end=end,
+                                    out_cache_loc=torch.arange(100, 110)),
+        "accept_locs": dict(kind="accept_locs", accept_index=accept,
+                            out_cache_loc=torch.randint(0, 999, (BS * N,), generator=gen)),
+    }
+    # steps: a valid one, a masked one (-1), one past the draft steps (skipped)
+    for name, src_indices in (("", None), ("-rows", torch.tensor([2, 0, 1]))):
+        cases["state_scatter" + name] = dict(
+            kind="state_scatter", dst=torch.randn(2, 6, 3, 4, generator=gen),
+            src=torch.randn(2, 3, N, 3, 4, generator=gen), dst_indices=torch.tensor([4, 1, 5]),
+            steps=torch.tensor([2, -1, N]) if name else torch.tensor([0, 5, -1]),
+            src_indices=src_indices)
+        cases["conv_scatter" + name] = dict(
+            kind="conv_scatter", dst=torch.randn(2, 6, 5, 3, generator=gen), shared=shared,
+            dst_indices=torch.tensor([4, 1, 5]),
+            steps=torch.tensor([2, -1, N - 1]) if name else torch.tensor([0, N - 1, 3]),
+            src_indices=src_indices)
+    cases.update(_verify_cases(gen))
+    return {k: {n: v for n, v in c.items() if v is not None} for k, c in cases.items()}
+
+
+STEPS = 4  # draft tokens of the verify cases
+
+
+def _verify_cases(gen) -> dict:
+    """Three requests' draft chains through the verify forms of the mixers' ops (pool
+    slots 3, 0, 4; scratch rows 2, 0, 1)."""
+    slots, rows, n = torch.tensor([3, 0, 4], dtype=torch.int32), torch.tensor(
+        [2, 0, 1], dtype=torch.int32), 3
+    mh, mp, mn, mg = 4, 8, 6, 2  # Mamba2 heads, head dim, state size, groups
+    rnd = lambda *shape: torch.randn(*shape, generator=gen)  # noqa: E731
+    return {
+        "conv_verify": dict(kind="conv_verify", x=rnd(n, DIM, STEPS),
+                            conv_states=rnd(5, DIM, WIDTH - 1), weight=rnd(DIM, WIDTH),
+                            bias=rnd(DIM), slots=slots, rows=rows,
+                            windows=torch.zeros(n + 1, STEPS, DIM, WIDTH - 1)),
+        "gdn_verify": dict(kind="gdn_verify", q=rnd(1, n * STEPS, H, K), k=rnd(1, n * STEPS, H, K),
+                           v=rnd(1, n * STEPS, HV, V), a=rnd(n * STEPS, HV),
+                           b=rnd(n * STEPS, HV), A_log=torch.rand(HV, generator=gen).log(),
+                           dt_bias=rnd(HV) * 0.5, pool=rnd(5, HV, V, K), slots=slots,
+                           cu_seqlens=torch.arange(0, n * STEPS + 1, STEPS, dtype=torch.int32),
+                           kept=torch.zeros(n + 1, STEPS, HV, V, K), rows=rows, steps=STEPS),
+        "mamba_verify": dict(kind="mamba_verify", pool=rnd(5, mh, mp, mn),
+                             x=rnd(n, STEPS, mh, mp), dt=rnd(n, STEPS, mh, mp) * 0.5,
+                             A=-torch.rand(mh, 1, 1, generator=gen).expand(mh, mp, mn) - 0.1,
+                             B=rnd(n, STEPS, mg, mn), C=rnd(n, STEPS, mg, mn),
+                             D=rnd(mh, mp), dt_bias=rnd(mh, mp) * 0.1, slots=slots, rows=rows,
+                             kept=torch.zeros(n + 1, STEPS, mh, mp, mn)),
+    }
+
+
+@pytest.fixture(scope="module")
+def spec_reference(tmp_path_factory):
+    import os
+    import subprocess
+
+    folder = tmp_path_factory.mktemp("spec-ref")
+    cases = _spec_cases()
+    torch.save(cases, folder / "cases.pt")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    env.pop("SGLANG_USE_CPU_ENGINE", None)
+    proc = subprocess.run([sys.executable, spec_ref.__file__, str(folder / "cases.pt"),
+                           str(folder / "out.pt")], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return cases, torch.load(folder / "out.pt")
+
+
+def test_reconstruct_tree_links_match_sglang(spec_reference):
+    """Positions (depth + verified length), retrieve index, first child and next sibling
+    from the ancestor mask: SGLang's Triton kernel, and its host-side derivation of the
+    links (``ngram_worker._derive_tree_links``, for the grammar path)."""
+    from sglang.srt.speculative.ngram_worker import _derive_tree_links
+
+    cases, ref = spec_reference
+    c = cases["tree"]
+    got = {k: torch.full_like(v, -9) for k, v in ref["tree"].items()}
+    sk.reconstruct_indices_from_tree_mask(c["tree_mask"], c["seq_lens"], got["positions"],
+                                          got["retrieve_index"], got["retrieve_next_token"],
+                                          got["retrieve_next_sibling"], BS, N)
+    for k in got:
+        assert torch.equal(got[k], ref["tree"][k]), k
+    host_next, host_sibling = _derive_tree_links(c["tree_mask"].numpy(), BS, N)
+    mask = c["tree_mask"].view(BS, N, N)
+    assert torch.equal(got["retrieve_next_token"], host_next)
+    # the host derivation skips the junk above the diagonal only through its j < i rule
+    assert torch.equal(got["retrieve_next_sibling"], host_sibling)
+    assert torch.equal(got["positions"].view(BS, N)[0], torch.arange(N) + 5)  # the chain
+    assert mask.any()
+
+
+def test_verify_tree_greedy_matches_sglang(spec_reference):
+    cases, ref = spec_reference
+    for name in ("verify", "verify-shallow"):
+        c, want = cases[name], ref[name]
+        got = {"predicts": torch.zeros(BS * N, dtype=torch.int32),
+               "accept_index": torch.full((BS, c["depth"]), -1, dtype=torch.int32),
+               "accept_token_num": torch.zeros(BS, dtype=torch.int32)}
+        sk.verify_tree_greedy_cpu(got["predicts"], got["accept_index"], got["accept_token_num"],
+                                  c["candidates"], c["retrieve_index"], c["retrieve_next_token"],
+                                  c["retrieve_next_sibling"], c["target_predict"])
+        for k in got:
+            assert torch.equal(got[k], want[k]), (name, k, got[k], want[k])
+    # the chain accepts every draft up to the depth; the random trees accept fewer
+    assert ref["verify"]["accept_token_num"][0] == N - 1
+    assert ref["verify-shallow"]["accept_token_num"][0] == 2
+    assert ref["verify"]["accept_token_num"][1:].tolist() != [N - 1] * (BS - 1)
+
+
+def test_cache_location_ops_match_sglang(spec_reference):
+    cases, ref = spec_reference
+    c = cases["extend_locs"]
+    out = torch.full_like(ref["extend_locs"]["out_cache_loc"], -9)
+    sk.assign_extend_cache_locs_cpu(c["req_pool_indices"], c["req_to_token"], c["start"],
+                                    c["end"], out, c["req_to_token"].shape[1])
+    assert torch.equal(out, ref["extend_locs"]["out_cache_loc"])
+    assert out.numel() == 10
+    c = cases["assign_req_to_token"]
+    r2t = c["req_to_token"].clone()
+    sk.assign_req_to_token_pool_cpu(c["req_pool_indices"], r2t, c["start"], c["end"],
+                                    c["out_cache_loc"], r2t.shape[1])
+    assert torch.equal(r2t, ref["assign_req_to_token"]["req_to_token"])
+    assert not torch.equal(r2t, c["req_to_token"])
+    c = cases["accept_locs"]
+    out = torch.full_like(ref["accept_locs"]["accept_out_cache_loc"], -7)
+    sk.fill_accept_out_cache_loc_cpu(c["accept_index"], c["out_cache_loc"], out)
+    assert torch.equal(out, ref["accept_locs"]["accept_out_cache_loc"])
+
+
+def test_mamba_state_scatters_match_sglang(spec_reference):
+    """The accepted step's SSM state and conv window committed to the slots (masked,
+    out-of-range and re-mapped rows), the conv source an overlapping strided view."""
+    cases, ref = spec_reference
+    for name in ("state_scatter", "state_scatter-rows"):
+        c = cases[name]
+        dst = c["dst"].clone()
+        sk.fused_mamba_state_scatter_with_mask(dst, c["src"], c["dst_indices"], c["steps"],
+                                               c.get("src_indices"))
+        assert torch.equal(dst, ref[name]["dst"]), name
+        assert not torch.equal(dst, c["dst"])
+    for name in ("conv_scatter", "conv_scatter-rows"):
+        c = cases[name]
+        dst = c["dst"].clone()
+        sk.fused_conv_window_scatter_with_mask(dst, spec_ref._window_view(c),
+                                               c["dst_indices"], c["steps"],
+                                               c.get("src_indices"))
+        assert torch.equal(dst, ref[name]["dst"]), name
+    # the multi-pair variant: each pair as the single-pair kernel, the track set second
+    c = cases["conv_scatter"]
+    pairs = [(c["dst"].clone(), spec_ref._window_view(c)) for _ in range(2)]
+    track_steps = torch.tensor([-1, -1, -1])
+    sk.fused_conv_window_scatter_multi(pairs, c["dst_indices"], c["steps"],
+                                       torch.tensor([0, 2, 3]), track_steps)
+    for dst, _ in pairs:
+        assert torch.equal(dst, ref["conv_scatter"]["dst"])
+
+
+def test_kv_move_matches_sglang_native_move():
+    """Rows moved in every layer's K and V buffer through raw pointers and byte strides,
+    overlapping moves included, as ``memory_pool.move_kv_cache_native`` moves them."""
+    from sglang.srt.mem_cache.memory_pool import move_kv_cache_native
+
+    gen = _gen(41)
+    k = [torch.randn(16, 2, 8, generator=gen) for _ in range(3)]
+    v = [torch.randn(16, 2, 8, generator=gen) for _ in range(3)]
+    tgt, src = torch.tensor([3, 4, 5, 0]), torch.tensor([4, 5, 9, 15])
+    want_k, want_v = [t.clone() for t in k], [t.clone() for t in v]
+    move_kv_cache_native(want_k, want_v, tgt, src)
+    bufs = k + v
+    sk.copy_all_layer_kv_cache_cpu(torch.tensor([b.data_ptr() for b in bufs]),
+                                   torch.tensor([b[0].nbytes for b in bufs]), tgt, src)
+    for got, want in zip(bufs, want_k + want_v):
+        assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="4 targets for 3 sources"):
+        sk.copy_all_layer_kv_cache_cpu(torch.tensor([k[0].data_ptr()]),
+                                       torch.tensor([k[0][0].nbytes]), tgt, src[:3])
+
+
+def test_conv_verify_keeps_every_steps_window_as_sglang(spec_reference):
+    """``causal_conv1d_update_cpu`` on a verify batch: SGLang's Triton kernel's outputs,
+    conv states (shifted by every draft) and per-step windows; the window kept at step t
+    is the conv state t + 1 plain decode steps leave."""
+    cases, ref = spec_reference
+    c, want = cases["conv_verify"], ref["conv_verify"]
+    states, windows = c["conv_states"].clone(), c["windows"].clone()
+    out = tk.causal_conv1d_update_cpu(c["x"].clone(), states, c["weight"], c["bias"], "silu",
+                                      conv_state_indices=c["slots"],
+                                      intermediate_conv_window=windows,
+                                      intermediate_state_indices=c["rows"])
+    torch.testing.assert_close(out, want["out"], **TOL)
+    torch.testing.assert_close(states, want["conv_states"], **TOL)
+    torch.testing.assert_close(windows, want["windows"], **TOL)
+    decoded = c["conv_states"].clone()
+    for t in range(STEPS):
+        step = tk.causal_conv1d_update_cpu(c["x"][:, :, t], decoded, c["weight"], c["bias"],
+                                           "silu", conv_state_indices=c["slots"])
+        torch.testing.assert_close(step, out[:, :, t], **TOL)
+        torch.testing.assert_close(windows[c["rows"].long(), t],
+                                   decoded[c["slots"].long()], **TOL)
+
+
+def _gdn_verify(c, pool, kept):
+    return tk.fused_sigmoid_gating_delta_rule_update_cpu(
+        A_log=c["A_log"], dt_bias=c["dt_bias"], q=c["q"], k=c["k"], v=c["v"], a=c["a"],
+        b=c["b"], initial_state_source=pool, initial_state_indices=c["slots"],
+        cu_seqlens=c["cu_seqlens"], use_qk_l2norm_in_kernel=True, is_kda=False,
+        disable_state_update=kept is not None, intermediate_states_buffer=kept,
+        intermediate_state_indices=c["rows"], cache_steps=STEPS, retrieve_parent_token=None)
+
+
+def test_gdn_verify_keeps_every_steps_state_as_sglang(spec_reference):
+    """The gated delta rule over each draft chain (``TritonGDNKernel.target_verify``'s
+    call): SGLang's Triton kernel's outputs and per-step states, the pool state untouched;
+    the last kept state is the one a plain pass over the same tokens writes."""
+    cases, ref = spec_reference
+    c, want = cases["gdn_verify"], ref["gdn_verify"]
+    pool, kept = c["pool"].clone(), c["kept"].clone()
+    out = _gdn_verify(c, pool, kept)
+    torch.testing.assert_close(out, want["out"].reshape(out.shape), **TOL)
+    assert torch.equal(pool, c["pool"]) and torch.equal(want["pool"], c["pool"])
+    torch.testing.assert_close(kept, want["kept"], **TOL)
+    one_pass = c["pool"].clone()
+    torch.testing.assert_close(_gdn_verify(c, one_pass, None), out, **TOL)
+    torch.testing.assert_close(kept[c["rows"].long(), STEPS - 1], one_pass[c["slots"].long()],
+                               **TOL)
+
+
+def test_mamba2_verify_keeps_every_steps_state_as_sglang(spec_reference):
+    cases, ref = spec_reference
+    c, want = cases["mamba_verify"], ref["mamba_verify"]
+    pool, kept, out = c["pool"].clone(), c["kept"].clone(), torch.zeros_like(c["x"])
+    m2.selective_state_update(pool, c["x"], c["dt"], c["A"], c["B"], c["C"], c["D"],
+                              dt_bias=c["dt_bias"], dt_softplus=True,
+                              state_batch_indices=c["slots"], out=out,
+                              disable_state_update=True, intermediate_states_buffer=kept,
+                              cache_steps=STEPS, intermediate_state_indices=c["rows"])
+    torch.testing.assert_close(out, want["out"], **TOL)
+    assert torch.equal(pool, c["pool"]) and torch.equal(want["pool"], c["pool"])
+    torch.testing.assert_close(kept, want["kept"], **TOL)
+    assert kept[c["rows"].long()].abs().sum() > 0
+
+
+class _KVPool:
+    """The two buffers of one attention layer, written as SGLang's pool writes them."""
+
+    def __init__(self, slots: int, heads: int, dim: int, gen):
+        self.k = torch.randn(slots, heads, dim, generator=gen)
+        self.v = torch.randn(slots, heads, dim, generator=gen)
+
+    def set_kv_buffer(self, layer, loc, k, v):
+        self.k[loc.loc.long()] = k.view(-1, *self.k.shape[1:])
+        self.v[loc.loc.long()] = v.view(-1, *self.v.shape[1:])
+
+    def get_key_buffer(self, layer_id):
+        return self.k
+
+    def get_value_buffer(self, layer_id):
+        return self.v
+
+
+def test_verify_attention_follows_the_draft_mask():
+    """``verify_forward_extend`` (the torch_native backend under speculative verify): each
+    draft attends to its request's whole prefix and to the drafts its mask allows, with
+    the drafts' K/V written at their slots; against attention written out by hand, for a
+    chain (SGLang's causal extend path) and for a star of padding drafts (NGRAM's fill)."""
+    import types
+
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+    from sglang.srt.layers.radix_attention import AttentionType
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    gen = _gen(50)
+    qh, kh, d, steps = 4, 2, 8, 4
+    backend = object.__new__(TorchNativeAttnBackend)
+    backend.token_to_kv_pool = _KVPool(64, kh, d, gen)
+    backend.swa_out_cache_loc = None
+    seq_lens = torch.tensor([5, 9])
+    req_to_token = torch.randperm(64, generator=gen)[:2 * 20].view(2, 20).int()
+    backend.req_to_token_pool = types.SimpleNamespace(req_to_token=req_to_token)
+    star = torch.eye(steps, dtype=torch.bool)
+    star[:, 0] = True
+    mask = torch.stack([torch.ones(steps, steps, dtype=torch.bool).tril(), star])
+    out_loc = torch.cat([req_to_token[b, int(seq_lens[b]):int(seq_lens[b]) + steps]
+                         for b in range(2)]).long()
+    batch = types.SimpleNamespace(
+        forward_mode=ForwardMode.TARGET_VERIFY, seq_lens=seq_lens,
+        req_pool_indices=torch.tensor([0, 1]), out_cache_loc=out_loc, encoder_lens=None,
+        spec_info=types.SimpleNamespace(draft_token_num=steps, custom_mask=mask.flatten()),
+        extend_prefix_lens=None, extend_seq_lens=None)
+    layer = types.SimpleNamespace(qk_head_dim=d, v_head_dim=d, tp_q_head_num=qh,
+                                  tp_k_head_num=kh, is_cross_attention=False,
+                                  attn_type=AttentionType.DECODER, scaling=d ** -0.5,
+                                  sliding_window_size=None, layer_id=0)
+    q = torch.randn(2 * steps, qh * d, generator=gen)
+    k = torch.randn(2 * steps, kh * d, generator=gen)
+    v = torch.randn(2 * steps, kh * d, generator=gen)
+    out = tk.verify_forward_extend(backend, q, k, v, layer, batch).view(2 * steps, qh, d)
+    pool = backend.token_to_kv_pool
+    assert torch.equal(pool.k[out_loc], k.view(-1, kh, d))
+    for b in range(2):
+        prefix = int(seq_lens[b])
+        slots = req_to_token[b, :prefix + steps].long()
+        keys = pool.k[slots].repeat_interleave(qh // kh, 1)      # [kv, qh, d]
+        vals = pool.v[slots].repeat_interleave(qh // kh, 1)
+        for i in range(steps):
+            allowed = torch.cat([torch.ones(prefix, dtype=torch.bool), mask[b, i]])
+            qi = q.view(2 * steps, qh, d)[b * steps + i]
+            w = torch.softmax(torch.einsum("hd,khd->hk", qi, keys[allowed]) * d ** -0.5, -1)
+            want = torch.einsum("hk,khd->hd", w, vals[allowed])
+            torch.testing.assert_close(out[b * steps + i], want, **TOL)

@@ -126,6 +126,8 @@ def test_at_most_four_marconi_flags_on_the_launcher():
       "--hicache-host-memory-mode", "buffer_only"), "buffer_only"),
     (("--cache-policy", "marconi", "--speculative-algorithm", "NEXTN"), "--speculative-algorithm"),
     (("--cache-policy", "marconi+", "--speculative-algorithm", "EAGLE"), "--speculative-algorithm"),
+    (("--cache-policy", "marconi", "--speculative-algorithm", "DFLASH"), "NGRAM, which drafts without a model"),
+    (("--cache-policy", "marconi", "--speculative-algorithm", "EAGLE3"), "draft-model worker"),
     (("--cache-policy", "marconi", "--radix-cache-backend", "flexkv"), "flexkv"),
     (("--marconi-alpha", "0.5"), "only apply with --cache-policy marconi"),
     (("--cache-policy", "marconi", "--marconi-max-states-per-request", "0"), "positive"),
@@ -139,6 +141,21 @@ def test_conflicting_flags_fail_at_start_up(parse, flags, fragment, capfd):
         parse(*flags)
     # a check's message, or argparse's (a bad value or an unknown flag: on stderr)
     assert fragment in str(err.value) + capfd.readouterr().err
+
+
+def test_ngram_speculative_decoding_is_accepted(parse, monkeypatch):
+    """NGRAM (no draft model) serves with the Marconi cache (tests/live/test_live_spec.py);
+    the refusal names the algorithm and what is missing in one line."""
+    monkeypatch.delenv(ENV_SETTINGS, raising=False)
+    args = parse("--cache-policy", "marconi", "--speculative-algorithm", "ngram",
+                 "--speculative-num-draft-tokens", "4")
+    assert args.radix_cache_backend == "marconi"
+    assert args.speculative_algorithm.upper() == "NGRAM"
+    with pytest.raises(SystemExit) as err:
+        parse("--cache-policy", "marconi", "--speculative-algorithm", "NEXTN")
+    assert "\n" not in str(err.value)
+    assert "--speculative-algorithm NEXTN is not supported yet (its draft-model worker" in str(
+        err.value)
 
 
 def test_bad_alpha_is_rejected(parse):

@@ -266,11 +266,12 @@ def settings_from_namespace(args) -> Optional[MarconiSettings]:
     if (getattr(args, "enable_int8_mamba_checkpoint", False)
             and getattr(args, "enable_unified_memory", False)):
         raise ValueError(f"--cache-policy marconi: {INT8_UNIFIED}")
-    speculative = getattr(args, "speculative_algorithm", None)
-    if speculative:
+    speculative = getattr(args, "speculative_algorithm", None) or "NGRAM"
+    if speculative.upper() != "NGRAM":  # NGRAM: tests/live/test_live_spec.py
         raise ValueError(f"--cache-policy marconi: --speculative-algorithm {speculative} is "
-                         "not supported yet (no test shows its draft-token state tracking "
-                         "correct with the Marconi cache); drop it or use --cache-policy lru")
+                         "not supported yet (its draft-model worker has not run with the "
+                         "Marconi cache; NGRAM, which drafts without a model, has); use NGRAM, "
+                         "drop it or use --cache-policy lru")
     if getattr(args, "mamba_radix_cache_strategy", None) == "extra_buffer_lazy":
         raise ValueError("--cache-policy marconi: --mamba-radix-cache-strategy "
                          "extra_buffer_lazy is not supported yet (its lazily allocated track "

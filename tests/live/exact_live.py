@@ -50,8 +50,14 @@ REFERENCE = ("reference", "no-radix")
 # snapshots without the overlap loop's lookahead
 EXACT_BUFFERS = {**BUFFERS, "extra_buffer_normal_loop": [*BUFFERS["extra_buffer"],
                                                          "--disable-overlap-schedule"]}
-CONFIGS = [(buffer, policy) for buffer in EXACT_BUFFERS for policy in POLICIES
-           if policy not in INT8_POLICIES]
+# speculative decoding: NGRAM draft chains (breadth 1) verified by the real forward, its
+# accepted steps' states committed and tracked (SGLang runs it in the normal loop on CPU)
+SPEC = "extra_buffer_ngram"
+EXACT_BUFFERS[SPEC] = [*BUFFERS["extra_buffer"], "--speculative-algorithm", "NGRAM",
+                       "--speculative-num-draft-tokens", "4",
+                       "--speculative-ngram-max-bfs-breadth", "1"]
+CONFIGS = [(buffer, policy) for buffer in EXACT_BUFFERS if buffer != SPEC
+           for policy in POLICIES if policy not in INT8_POLICIES] + [(SPEC, "marconi")]
 # ``make test`` runs these (every buffer and loop, each policy once, for Qwen3-Next; both buffers and
 # both Marconi policies for Nemotron-H; with the references and the negative controls, its
 # time budget); MARCONI_LIVE_EXACT=full runs all nine per model (verify-exact --live always
@@ -83,6 +89,7 @@ class Step:
     logprobs: list = field(default_factory=list)     # chosen token's logprob per position
     top: list = field(default_factory=list)          # [(logprob, id), ...] per position
     cached_tokens: int = 0
+    verify_ct: int = 0   # speculative verify forwards (meta_info.spec_verify_ct), else 0
 
 
 def config_id(cfg) -> str:
@@ -137,7 +144,7 @@ def send(server: LiveServer, step: Step) -> Step:
     return Step(step.name, list(step.input_ids), step.max_new_tokens, list(r["output_ids"]),
                 [lp for lp, _tok, *_ in meta["output_token_logprobs"]],
                 [[(lp, tok) for lp, tok, *_ in pos] for pos in meta["output_top_logprobs"]],
-                int(meta["cached_tokens"]))
+                int(meta["cached_tokens"]), int(meta.get("spec_verify_ct") or 0))
 
 
 def build_stream(server: LiveServer, seed: int = 0) -> list:
@@ -167,6 +174,9 @@ def build_stream(server: LiveServer, seed: int = 0) -> list:
         run(f"filler-{k}", tokens(300), 4)
     run("shared-after-pressure", system + tokens(40))
     run("turn-after-pressure", t2.input_ids + t2.output_ids + tokens(10))
+    # turn-1 again: NGRAM's corpus holds its output, so a speculative server's drafts are
+    # accepted several at a time (the random weights' outputs repeat no n-grams otherwise)
+    run("turn-1-again", t1.input_ids, 140)
     return steps
 
 
@@ -269,6 +279,10 @@ def problems(cfg, reference: list, got: list) -> list:
             if c.max_rel > REL_TOL]
     out += [f"{c.name}: token {c.diverged_at} differs where the reference leads by "
             f"{c.margin_at_divergence:.2e}" for c in comparisons if c.clear_divergence]
+    again = by_name["turn-1-again"]
+    if buffer == SPEC and not 0 < again.verify_ct <= len(again.output_ids) // 2:
+        out.append(f"turn-1-again: {again.verify_ct} verify forwards for "
+                   f"{len(again.output_ids)} tokens (drafts not accepted)")
     return out
 
 

@@ -12,6 +12,8 @@ the record is what ``ab`` replays (``write_session_trace``).
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import random
 from dataclasses import dataclass, field
@@ -92,3 +94,27 @@ def write_session_trace(record: Record, path: Path) -> Path:
                                 "input_tokens": s.input_ids,
                                 "output_tokens": s.output_ids}) + "\n")
     return Path(path)
+
+
+def replay_hits(server, record: Record, tmp_path: Path, cache: str, cache_flags=()) -> list:
+    """``sglang_marconi ab`` (the CLI's code, in this process) on the recorded stream with
+    the server's own pool sizes and settings (``/server_info``) and its loop; the hits
+    per request of ``cache`` (an ``ab`` column: stock or marconi, with ``cache_flags``)."""
+    from sglang_marconi.cli.main import main as sglang_marconi_cli
+
+    info = server.server_info()
+    trace = write_session_trace(record, Path(tmp_path) / "stream.jsonl")
+    argv = ["ab", "--trace", str(trace), "--config", str(server.model_path / "config.json"),
+            "--kv-tokens", str(info["max_total_num_tokens"]),
+            "--mamba-slots", str(info["max_mamba_cache_size"]),
+            "--page-size", str(info["page_size"]),
+            "--chunked-prefill-size", str(info["chunked_prefill_size"]),
+            "--mamba-track-interval", str(info["mamba_track_interval"]),
+            "--mamba-radix-cache-strategy", info["mamba_radix_cache_strategy"],
+            "--caches", cache, *cache_flags, "--json", "--per-request", "--no-progress",
+            # the server's loop: the replay follows it (order, tracking slots)
+            *(["--disable-overlap-schedule"] if info["disable_overlap_schedule"] else [])]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert sglang_marconi_cli(argv) == 0
+    return json.loads(out.getvalue())["caches"][cache]["hit_tokens_per_request"]

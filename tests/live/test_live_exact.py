@@ -7,7 +7,8 @@ no_buffer (overlap off), extra_buffer (overlap on) and extra_buffer with overlap
 the negative control; each gets the reference's inputs in order. Qwen3-Next runs three of
 the nine configurations (each buffer and loop, each policy once) and Nemotron-H two unless
 ``MARCONI_LIVE_EXACT=full`` (``exact_live.QUICK_CONFIGS``: the time budget of ``make
-test``; ``verify-exact --live`` runs all nine). A configuration passes when the scripted resumes really happened
+test``; ``verify-exact --live`` runs all nine, and marconi with NGRAM speculative
+decoding, ``exact_live.SPEC``). A configuration passes when the scripted resumes really happened
 (``cached_tokens`` at the chunk, branch, decode-track and end states) and every output
 token equals the reference's where its top-1 lead is clear, with logprobs within a
 relative 1e-4. With ``--enable-int8-mamba-checkpoint`` (Qwen3-Next here, both models in

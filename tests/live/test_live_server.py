@@ -9,9 +9,6 @@ OpenAI ``usage``, ``/metrics``, the server's log (SGLang's own idle leak check).
 """
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 import time
 
 import pytest
@@ -19,34 +16,15 @@ import requests
 
 from live_configs import page_size
 from server import AB_CACHES, LEARNED_ADMISSION
-from sglang_marconi.cli.main import main as sglang_marconi_cli
-from streams import (CHUNKED_PREFILL, KV_TOKENS, MAMBA_SLOTS, TRACK_INTERVAL, run_stream,
-                     write_session_trace)
+from streams import (CHUNKED_PREFILL, KV_TOKENS, MAMBA_SLOTS, TRACK_INTERVAL, replay_hits,
+                     run_stream)
 
 GRID = 64  # the checkpoint grid: lcm(FLA / Mamba2 chunk 64, page 1 or 16)
 
 
 def _replay(cfg, server, record, tmp_path) -> list:
-    """``sglang_marconi ab`` (the CLI's code, in this process) on the recorded stream with
-    the server's own pool sizes and settings; the cache's hits per request."""
-    info = server.server_info()
-    model, buffer, policy = cfg
-    trace = write_session_trace(record, tmp_path / "stream.jsonl")
-    argv = ["ab", "--trace", str(trace), "--config", str(server.model_path / "config.json"),
-            "--kv-tokens", str(info["max_total_num_tokens"]),
-            "--mamba-slots", str(info["max_mamba_cache_size"]),
-            "--page-size", str(info["page_size"]),
-            "--chunked-prefill-size", str(info["chunked_prefill_size"]),
-            "--mamba-track-interval", str(info["mamba_track_interval"]),
-            "--mamba-radix-cache-strategy", info["mamba_radix_cache_strategy"],
-            "--caches", AB_CACHES[policy][0], *AB_CACHES[policy][1],
-            "--json", "--per-request", "--no-progress",
-            # the server's loop: the replay follows it (order, tracking slots)
-            *(["--disable-overlap-schedule"] if info["disable_overlap_schedule"] else [])]
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert sglang_marconi_cli(argv) == 0
-    return json.loads(out.getvalue())["caches"][AB_CACHES[policy][0]]["hit_tokens_per_request"]
+    """``sglang_marconi ab`` on the recorded stream with the server's own settings."""
+    return replay_hits(server, record, tmp_path, *AB_CACHES[cfg[2]])
 
 
 def test_server_runs_the_configuration(live):

@@ -9,7 +9,9 @@ starts (``marconi_cpu_testkit-0.1.dist-info`` beside this folder: the folder is 
    the embedding of the input ids goes straight to the model's real logits processor,
    whose next-token logits are then set to pick a lowercase letter that depends only on
    the sequence length (``'a' + len % 26``): outputs are text that re-tokenizes to the
-   same ids (multi-turn chat continues exactly), the same in every server. The GDN /
+   same ids (multi-turn chat continues exactly), the same in every server (a speculative
+   verify row gets the letter of its draft's position + 1, so NGRAM's drafts of earlier
+   output are accepted as a plain decode would emit them). The GDN /
    Mamba2 mixers' kernels exist for CUDA only. ModelRunner, the pools, the radix cache
    (stock or Marconi), copy-on-write of states, sampling and the scheduler stay SGLang's:
    cache decisions and ``cached_tokens`` are real; no KV or SSM contents are written, so
@@ -43,6 +45,9 @@ starts (``marconi_cpu_testkit-0.1.dist-info`` beside this folder: the folder is 
    stand-ins as the CPU test stack); the 10 GiB host-memory reserve SGLang keeps beside
    its host pools (``pool_host/base.py`` ``HICACHE_HOST_MEMORY_RESERVE_BYTES``) is 0, the
    test servers' host pools taking a few kilobytes.
+6. Speculative decoding's CPU ops (NGRAM's verify path, in the scheduler process, with
+   either forward): torch versions (``spec_kernels.py``) of the ``sgl_kernel`` cache-slot,
+   tree and KV-move ops and of the Mamba verify commit's scatters (CUDA/XPU-only Triton).
 """
 from __future__ import annotations
 
@@ -107,11 +112,25 @@ def replaced_forward(self, input_ids, positions, forward_batch, *args, **kwargs)
     hidden = self.get_input_embeddings()(input_ids)
     out = self.logits_processor(input_ids, hidden, self.lm_head, forward_batch)
     logits = out.next_token_logits
-    if logits is not None and logits.shape[0] == forward_batch.seq_lens.shape[0]:
-        target = ord("a") + forward_batch.seq_lens.to(logits.device).long() % 26
+    seq = _next_positions(logits, forward_batch)
+    if seq is not None:
+        target = ord("a") + seq % 26
         logits.fill_(-30.0)
         logits.scatter_(1, target[:, None], 30.0)
     return out
+
+
+def _next_positions(logits, forward_batch):
+    """The sequence position each logits row predicts: the sequence length (one row per
+    sequence), or under speculative verify (one row per draft token) the draft's
+    position + 1, so verified drafts get the letters a plain decode gives."""
+    if logits is None:
+        return None
+    if forward_batch.forward_mode.is_target_verify():
+        seq = forward_batch.positions
+    else:
+        seq = forward_batch.seq_lens - 1
+    return seq.to(logits.device).long() + 1 if logits.shape[0] == seq.shape[0] else None
 
 
 def bind_absent(module_name: str, names: dict) -> None:
@@ -160,6 +179,10 @@ def register() -> None:
     if not torch.cuda.is_available():
         torch.cuda.current_stream = lambda device=None: _SynchronousStream()
     setattr(torch.ops, "sgl_kernel", _SglKernelOps())
+    from marconi_cpu_testkit import spec_kernels  # speculative decoding's CPU ops
+    sgl_kernel.provide(spec_kernels.KERNELS)
+    for target, fn in spec_kernels.BINDINGS.items():
+        HookRegistry.register(target, fn, HookType.REPLACE)
     if forward_mode() == "replaced":
         for target in FORWARDS:
             HookRegistry.register(target, replaced_forward, HookType.REPLACE)

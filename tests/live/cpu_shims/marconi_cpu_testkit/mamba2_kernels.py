@@ -23,7 +23,9 @@ at its call sites and SGLang's state layouts:
   ``[1, tracks, H, P, N]`` (extra_buffer snapshots off the chunk grid), or None.
 - ``selective_state_update`` (decode): one step of every row from the pool state
   ``[slots, H, P, N]`` at ``state_batch_indices``, written back in place; padded rows
-  (slot -1) skipped.
+  (slot -1) skipped. Speculative verify (inputs ``[rows, steps, ...]``): the steps one
+  after the other, each step's state kept in ``intermediate_states_buffer``, the pool
+  left alone (draft chains only).
 
 The scan is the Mamba2 recurrence token by token, in fp32: ``dt = softplus(dt + dt_bias)``
 clamped to ``dt_limit``, ``S <- exp(dt A) S + dt x B^T``, ``y = S C + D x`` (times
@@ -142,10 +144,20 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None,
                            intermediate_states_buffer=None, cache_steps=None,
                            retrieve_parent_token=None, intermediate_state_indices=None):
     """One decode step per row: x, dt ``[batch, H, P]``, A ``[H, P, N]``, B, C
-    ``[batch, G, N]``, D, dt_bias ``[H, P]``; pool ``state`` ``[slots, H, P, N]``."""
+    ``[batch, G, N]``, D, dt_bias ``[H, P]``; pool ``state`` ``[slots, H, P, N]``.
+    Speculative verify (x, dt ``[batch, steps, H, P]``, B, C ``[batch, steps, G, N]``): the
+    steps of each row's draft chain one after the other, the state after step t kept in
+    ``intermediate_states_buffer[intermediate_state_indices[row], t]``, the pool state left
+    as it was with ``disable_state_update``."""
+    if x.dim() == 4:
+        if retrieve_parent_token is not None:
+            raise NotImplementedError("selective_state_update (torch): draft trees (topk > 1)")
+        return _verify_steps(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
+                             state_batch_indices, pad_slot_id, out, disable_state_update,
+                             intermediate_states_buffer, intermediate_state_indices)
     if disable_state_update or intermediate_states_buffer is not None or x.dim() != 3:
-        raise NotImplementedError("selective_state_update (torch): plain decode only "
-                                  "(no speculative verify)")
+        raise NotImplementedError("selective_state_update (torch): plain decode or verify "
+                                  "of [batch, steps, heads, dim] inputs only")
     heads = x.shape[1]
     dt = _discretised_dt(dt, dt_bias, dt_softplus, (0.0, float("inf")))   # [b, H, P]
     Bh, Ch = _per_head(B, heads), _per_head(C, heads)                     # [b, H, N]
@@ -163,6 +175,32 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None,
             y = y * F.silu(z[r].float())
         result[r] = y
         state[slot] = s.to(state.dtype)
+    if out is None:
+        return result.to(x.dtype)
+    out.copy_(result.to(out.dtype))
+    return None
+
+
+def _verify_steps(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices,
+                  pad_slot_id, out, disable_state_update, kept, kept_rows):
+    """``selective_state_update`` over ``steps`` tokens per row (a verify batch)."""
+    slots = (torch.arange(x.shape[0]) if state_batch_indices is None
+             else state_batch_indices.long())
+    scratch = state[slots.clamp(min=0)].clone()  # rows' states, stepped here
+    result = torch.zeros(x.shape, dtype=torch.float32)
+    for t in range(x.shape[1]):
+        step_out = torch.zeros(x[:, t].shape, dtype=x.dtype)
+        selective_state_update(scratch, x[:, t], dt[:, t], A, B[:, t], C[:, t], D,
+                               None if z is None else z[:, t], dt_bias, dt_softplus,
+                               out=step_out)
+        result[:, t] = step_out.float()
+        if kept is not None:
+            for r in range(x.shape[0]):
+                if int(slots[r]) != pad_slot_id:
+                    kept[int(kept_rows[r]), t] = scratch[r].to(kept.dtype)
+    if not disable_state_update:
+        live = slots != pad_slot_id
+        state[slots[live]] = scratch[live].to(state.dtype)
     if out is None:
         return result.to(x.dtype)
     out.copy_(result.to(out.dtype))

@@ -10,7 +10,10 @@ Each takes the arguments SGLang passes at its call site and keeps SGLang's state
   ``[slots, dim, state_len]`` read when ``has_initial_state`` and written in place at
   ``cache_indices`` with the last ``state_len`` inputs; returns ``[dim, tokens]``.
 - ``causal_conv1d_update_cpu`` (decode): x ``[batch, dim]`` (or ``[batch, dim, L]``), one
-  step per column, states shifted left in place.
+  step per column, states shifted left in place; under speculative verify (a draft chain
+  of L steps) also the window after every step, ``intermediate_conv_window[row, t]``
+  (SGLang's dense CPU layout ``[rows, steps, dim, K - 1]``), which the accepted step's
+  conv state is rolled back to after the verify.
 - ``fused_gdn_gating_cpu``: ``g = -exp(A_log) * softplus(a + dt_bias)`` and
   ``beta = sigmoid(b)``, each ``[1, tokens, heads]``.
 - ``chunk_gated_delta_rule_cpu`` (``kernels/gdn_triton.py`` ``extend``): the gated delta
@@ -21,7 +24,15 @@ Each takes the arguments SGLang passes at its call site and keeps SGLang's state
   for a snapshot that is not at the end of the extend (the real CPU kernel returns
   ``h = None``: extra_buffer is not a CPU feature of SGLang; the test plugin enables it).
 - ``fused_sigmoid_gating_delta_rule_update_cpu`` (decode): gating plus the recurrent
-  update of the pool state, output ``[1, tokens, HV, V]``.
+  update of the pool state, output ``[1, tokens, HV, V]``; under speculative verify
+  (``TritonGDNKernel.target_verify``'s call) the state after every draft step goes to
+  ``intermediate_states_buffer[row, t]`` and the pool state is left alone
+  (``disable_state_update``). Draft chains only (no ``retrieve_parent_token``: SGLang
+  passes one for ``--speculative-eagle-topk`` > 1).
+- ``TorchNativeAttnBackend.forward_extend`` under speculative verify (SGLang's needs the
+  ``extend_prefix_lens`` a verify batch lacks, ``torch_native_backend.py`` 101): its own
+  extend path with the drafts as the extend, then any request whose draft mask is not
+  causal (NGRAM hangs padding drafts off the root) recomputed with that mask.
 
 The arithmetic of the delta rule is transformers' (``torch_chunk_gated_delta_rule``,
 ``torch_recurrent_gated_delta_rule``, ``causal_conv1d`` reference in
@@ -31,9 +42,12 @@ Triton kernels. Everything runs in fp32 and is cast back to the input dtype.
 """
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 from sglang.kernels.ops.attention.fla.layernorm_gated import rms_norm_ref
+from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from transformers.models.qwen3_next.modeling_qwen3_next import (
     torch_chunk_gated_delta_rule, torch_recurrent_gated_delta_rule)
 
@@ -83,9 +97,11 @@ def causal_conv1d_fn_cpu(x, weight, bias, activation=None, conv_states=None,
 
 
 def causal_conv1d_update_cpu(x, conv_states, weight, bias=None, activation=None,
-                             conv_state_indices=None, intermediate_conv_window=None, **_):
-    if intermediate_conv_window is not None:
-        raise NotImplementedError("causal_conv1d_update_cpu (torch): no target verify")
+                             conv_state_indices=None, intermediate_conv_window=None,
+                             intermediate_state_indices=None, retrieve_next_token=None, **_):
+    if retrieve_next_token is not None:
+        raise NotImplementedError("causal_conv1d_update_cpu (torch): tree verify (draft "
+                                  "topk > 1) is not supported, only a draft chain")
     squeeze = x.dim() == 2
     xs = (x[..., None] if squeeze else x).float()          # [batch, dim, L]
     slots = conv_state_indices.long()
@@ -96,7 +112,19 @@ def causal_conv1d_update_cpu(x, conv_states, weight, bias=None, activation=None,
     out = _conv_window(window, weight, bias, activation, xs.shape[-1])
     conv_states[slots[valid]] = window[valid, :, -conv_states.shape[-1]:].to(
         conv_states.dtype)
+    if intermediate_conv_window is not None:  # target verify: every step's window kept
+        _keep_windows(window, conv_states.shape[-1], intermediate_conv_window,
+                      intermediate_state_indices, valid)
     return (out[..., 0] if squeeze else out).to(x.dtype)
+
+
+def _keep_windows(window, state_len: int, dest, rows, valid) -> None:
+    """``dest[row, t]`` <- the last ``K - 1`` inputs after draft step t (the window the
+    accepted step's conv state is rolled back to, ``[rows, steps, dim, K - 1]``)."""
+    win, steps = dest.shape[-1], window.shape[-1] - state_len
+    kept = torch.stack([window[..., state_len + t + 1 - win:state_len + t + 1]
+                        for t in range(steps)], dim=1)
+    dest[rows.long()[valid], :steps] = kept[valid].to(dest.dtype)
 
 
 def gdn_gates(A_log, a, b, dt_bias, softplus_beta: float = 1.0,
@@ -148,22 +176,28 @@ def fused_sigmoid_gating_delta_rule_update_cpu(A_log, dt_bias, q, k, v, a, b,
                                                cu_seqlens, use_qk_l2norm_in_kernel=True,
                                                softplus_beta=1.0, softplus_threshold=20.0,
                                                **extra):
-    if extra.get("intermediate_states_buffer") is not None or extra.get("is_kda"):
-        raise NotImplementedError("fused_sigmoid_gating_delta_rule_update_cpu (torch): "
-                                  "plain GDN decode only")
+    if extra.get("is_kda") or extra.get("retrieve_parent_token") is not None:
+        raise NotImplementedError("fused_sigmoid_gating_delta_rule_update_cpu (torch): GDN "
+                                  "decode and chain verify only (no KDA, no draft tree)")
+    kept, rows = extra.get("intermediate_states_buffer"), extra.get("intermediate_state_indices")
     num_v_heads = v.shape[2]
     q, k = _heads_as_v(q, num_v_heads), _heads_as_v(k, num_v_heads)
     g, beta = gdn_gates(A_log, a, b, dt_bias, softplus_beta, softplus_threshold)
     out = torch.zeros(v.shape, dtype=torch.float32)
-    for _, slot, s0, s1 in _sequences(cu_seqlens, initial_state_indices):
+    for n, slot, s0, s1 in _sequences(cu_seqlens, initial_state_indices):
         state = initial_state_source[slot].float().transpose(-1, -2)[None]
-        o, state = torch_recurrent_gated_delta_rule(
-            q[:, s0:s1], k[:, s0:s1], v[:, s0:s1].float(), g[None, s0:s1], beta[None, s0:s1],
-            initial_state=state, output_final_state=True,
-            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
-        out[:, s0:s1] = o
-        initial_state_source[slot] = state[0].transpose(-1, -2).to(
-            initial_state_source.dtype)
+        # target verify keeps the state after every draft step (``[row, step, HV, V, K]``)
+        for t0, t1 in ([(s0, s1)] if kept is None else [(t, t + 1) for t in range(s0, s1)]):
+            o, state = torch_recurrent_gated_delta_rule(
+                q[:, t0:t1], k[:, t0:t1], v[:, t0:t1].float(), g[None, t0:t1],
+                beta[None, t0:t1], initial_state=state, output_final_state=True,
+                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+            out[:, t0:t1] = o
+            if kept is not None:
+                kept[int(rows[n]), t0 - s0] = state[0].transpose(-1, -2).to(kept.dtype)
+        if not extra.get("disable_state_update", False):
+            initial_state_source[slot] = state[0].transpose(-1, -2).to(
+                initial_state_source.dtype)
     return out.to(v.dtype)
 
 
@@ -218,6 +252,49 @@ def track_mamba_states_all_layers(conv_states_pool, ssm_states_pool, cache_indic
     ssm_states_pool[:, dst] = ssm_states_pool[:, src]
 
 
+# SGLang's own (in a dict: HookRegistry re-points module-level names bound to a target)
+_NATIVE = {"forward_extend": TorchNativeAttnBackend.forward_extend}
+
+
+def verify_forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
+    """``TorchNativeAttnBackend.forward_extend`` that also serves a speculative verify
+    batch (a verify batch carries no ``extend_prefix_lens``: ``torch_native_backend.py``
+    101): SGLang's own extend path writes the drafts' K/V at their slots and attends
+    causally (prefix = the verified length, ``draft_token_num`` new tokens each); a
+    request whose draft mask (``spec_info.custom_mask``, NGRAM's ``[drafts, drafts]``
+    ancestor mask on CPU) is not causal, e.g. padding drafts hung off the root, is then
+    recomputed with that mask over its prefix."""
+    if not forward_batch.forward_mode.is_target_verify():
+        return _NATIVE["forward_extend"](self, q, k, v, layer, forward_batch, save_kv_cache)
+    spec = forward_batch.spec_info
+    steps, bs = spec.draft_token_num, forward_batch.seq_lens.shape[0]
+    batch = copy.copy(forward_batch)
+    batch.extend_prefix_lens = forward_batch.seq_lens
+    batch.extend_seq_lens = torch.full_like(forward_batch.seq_lens, steps)
+    batch.seq_lens = forward_batch.seq_lens + steps
+    out = _NATIVE["forward_extend"](self, q, k, v, layer, batch, save_kv_cache)
+    mask = spec.custom_mask.reshape(-1)[:bs * steps * steps].view(bs, steps, steps).bool()
+    causal = torch.ones(steps, steps, dtype=torch.bool).tril()
+    k_cache = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
+    v_cache = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
+    q_ = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
+    o_ = out.view(-1, layer.tp_q_head_num, layer.v_head_dim)
+    for b in range(bs):
+        if torch.equal(mask[b], causal):
+            continue
+        prefix = int(forward_batch.seq_lens[b])
+        slots = self.req_to_token_pool.req_to_token[forward_batch.req_pool_indices[b],
+                                                    :prefix + steps].long()
+        allowed = torch.cat([torch.ones(steps, prefix, dtype=torch.bool), mask[b]], dim=1)
+        rows = slice(b * steps, (b + 1) * steps)
+        o_[rows] = F.scaled_dot_product_attention(
+            q_[rows].movedim(0, 1)[None], k_cache[slots].movedim(0, 1)[None].to(q.dtype),
+            v_cache[slots].movedim(0, 1)[None].to(q.dtype), attn_mask=allowed,
+            scale=layer.scaling,
+            enable_gqa=layer.tp_q_head_num != layer.tp_k_head_num)[0].movedim(0, 1)
+    return out
+
+
 _BACKEND = "sglang.srt.layers.attention.hybrid_linear_attn_backend"
 # HookRegistry REPLACE targets -> their torch versions
 FORWARD_REPLACEMENTS = {
@@ -226,6 +303,8 @@ FORWARD_REPLACEMENTS = {
     "sglang.kernels.ops.attention.fla.fused_norm_gate.FusedRMSNormGated.forward":
         fused_rmsnorm_gated_forward,
     "sglang.srt.models.qwen2_moe.fused_gate_sigmoid_mul_add": fused_gate_sigmoid_mul_add,
+    "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend.forward_extend":
+        verify_forward_extend,
 }
 
 # module of the stand-in package -> its ops that this module provides

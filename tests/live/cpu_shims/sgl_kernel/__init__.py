@@ -2,7 +2,8 @@
 
 SGLang's CPU engine imports ``sgl_kernel`` functions and ``torch.ops.sgl_kernel`` ops at
 module load (the GDN backend, the KV cache move kernels); none of them is called outside
-the model forward, which the test plugin replaces. Every name here is a function that
+the model forward, which the test plugin replaces, but speculative decoding's, which the
+test plugin serves with torch versions (``marconi_cpu_testkit/spec_kernels.py``). Every name here is a function that
 raises if it is ever called, so a test cannot pass on a stand-in by accident. Submodules
 (``sgl_kernel.mamba`` ...) are made on import by the finder below. Only the names SGLang's
 CPU engine imports unconditionally exist (``STAND_INS``); every other name is absent, so
@@ -44,6 +45,8 @@ STAND_INS = {
                          "chunk_gated_delta_rule_cpu"),
     # read as torch.ops.sgl_kernel.* (the test plugin's namespace) at module load
     "sgl_kernel.ops": ("fused_gdn_gating_cpu", "fused_sigmoid_gating_delta_rule_update_cpu"),
+    # kernels/ops/speculative/reconstruct_tree.py, imported by NGRAM's worker
+    "sgl_kernel.speculative": ("reconstruct_indices_from_tree_mask",),
 }
 
 
