@@ -288,23 +288,3 @@ def test_future_index_next_use():
     assert f.next_use(np.array([1, 2, 3, 9]), after=0) is None   # key excludes the last token
     assert f.next_use(np.array([5]), after=2) is None
 
-
-def test_bench_beyond_uses_this_tests_settings():
-    """docs/beyond.md's alpha-shift section says it runs as this test does."""
-    from marconi_reports import beyond
-
-    assert beyond.ALPHA_SHIFT_CAP == ALPHA_SHIFT_CAP
-    assert beyond.FIXED_ALPHAS == FIXED_ALPHAS
-    assert beyond.CLEAR == CLEAR
-
-
-def test_bench_beyond_script_help():
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_beyond.py"
-    proc = subprocess.run([sys.executable, str(script), "--help"], capture_output=True,
-                          text=True)
-    assert proc.returncode == 0, proc.stderr
-    assert "Beyond the paper (issue 7)" in proc.stdout and "--strict" in proc.stdout

@@ -15,8 +15,8 @@ The ``block`` rule is the vLLM+ baseline: a checkpoint at every block boundary.
 
 The ``sglang_*`` rules are stock SGLang's (``--mamba-radix-cache-strategy extra_buffer``):
 a state at every chunked-prefill boundary (the branch point instead when it falls inside a
-chunk), the last chunk's state, and the last decode-track snapshot; the simulator's
-``sglang`` baseline (``policy.stock``) takes its states there.
+chunk), the last chunk's state, and the last decode-track snapshot: what the ``marconi``
+router of ``serve-sim --replicas`` believes its replicas hold.
 """
 from __future__ import annotations
 
@@ -75,8 +75,8 @@ def plan_block_checkpoints(input_len: int, output_len: int, hit_len: int, block:
 
 
 # -- stock SGLang 0.5.23, ``--mamba-radix-cache-strategy extra_buffer`` ----------------------------
-# Where stock SGLang takes the states it publishes (the simulator's ``sglang`` baseline,
-# ``policy.stock``). Paths are relative to the installed ``sglang/srt/``.
+# Where stock SGLang takes the states it publishes (the marconi router's model of its
+# replicas). Paths are relative to the installed ``sglang/srt/``.
 
 def sglang_grid(page: int, mamba_chunk: int = 64) -> int:
     """The checkpoint grid: ``lcm(mamba chunk, page)`` (``runtime_context.

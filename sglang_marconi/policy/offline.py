@@ -85,11 +85,8 @@ class OfflineChooser:
 
 
 def offline_cache(spec: CostModel, capacity, requests, grid: int = 1, max_states: int = 2,
-                  ghost_tokens: int | None = None, materialise=None) -> PrefixCache:
-    """A cache for ``requests`` (the whole trace, in order) that knows their future.
-    ``materialise`` (``admission.SGLangGrids``): only the states SGLang snapshots, as the
-    plugin is offered them (``PrefixCache``'s ``materialise``; ``grid`` is then the grids'),
-    the end-state candidates kept only if a future request reaches them."""
+                  ghost_tokens: int | None = None) -> PrefixCache:
+    """A cache for ``requests`` (the whole trace, in order) that knows their future."""
     future = FutureIndex([r.input_tokens for r in requests])
     chooser = OfflineChooser(future)
 
@@ -99,10 +96,7 @@ def offline_cache(spec: CostModel, capacity, requests, grid: int = 1, max_states
 
     # Skipped end states leave no KV behind, so branch points must come from the ghost index
     # (unbounded unless a budget is given).
-    sglang = {} if materialise is None else dict(grid=materialise.grid, branch_rule="kv",
-                                                 materialise=materialise)
-    cache = PrefixCache(spec, capacity, **{"grid": grid, **sglang},
-                        max_states_per_request=max_states,
+    cache = PrefixCache(spec, capacity, grid=grid, max_states_per_request=max_states,
                         ghost_tokens=ghost_tokens or 1 << 62, victim_chooser=None,
                         end_admission=admit_end)
 

@@ -47,7 +47,7 @@ the request leaves what the router sent there before (KV match floored to the gr
 are added when the response is complete, from the ``cached_tokens`` it reports: states the
 router believed beyond what the replica reused are dropped (evicted there), the state it did
 reuse is added, and the plan is made from the real hit. marconi+ replicas keep a subset of
-those states (docs/beyond.md); the feedback corrects the rest.
+those states; the feedback corrects the rest.
 
 ``oracle`` (``OracleRouter``) asks every replica's real cache how many tokens a match would
 reuse, by a read-only walk over the tree core's nodes (``readonly_match``): SGLang's
