@@ -9,7 +9,7 @@ from sglang_marconi.model import preset_spec
 from sglang_marconi.policy.cache import PrefixCache
 from sglang_marconi.policy.ghost import GhostIndex
 from sglang_marconi.policy.likelihood import EndStateUsefulness, ReuseWeight
-from sglang_marconi.policy.offline import FutureIndex, exhaustive_best, offline_cache
+from sglang_marconi.policy.offline import FutureIndex, offline_cache
 from sglang_marconi.policy.tree import Node
 from sglang_marconi.sim.generators import generate
 from sglang_marconi.sim.policies import build_cache, parse_policy
@@ -260,6 +260,43 @@ def _tiny_trace(seed):
         fresh += 100
         out.append(Request(np.array(p + q), np.array([fresh, fresh + 1])))
     return out
+
+
+def exhaustive_best(requests, make_cache, limit: int = 200_000) -> tuple[float, float, int]:
+    """(best, worst, runs): the most and least FLOPs any sequence of eviction choices saves
+    on ``requests`` (tiny traces only), and how many replays the search took.
+
+    Replays the trace once per sequence of choices, enumerating them depth first: each
+    replay follows a fixed prefix of choices (candidates sorted by node id) and records how
+    many candidates each further decision had."""
+    best, worst = 0.0, float("inf")
+    stack = [()]
+    runs = 0
+    while stack:
+        prefix = stack.pop()
+        runs += 1
+        if runs > limit:
+            raise RuntimeError("exhaustive search too large")
+        decisions: list[int] = []  # number of options at each decision of this run
+
+        def choose(cache, prefix=prefix, decisions=decisions):
+            options = sorted(cache.tree.candidates(), key=lambda n: n.id)
+            k = len(decisions)
+            decisions.append(len(options))
+            return options[prefix[k] if k < len(prefix) else 0]
+
+        cache = make_cache()
+        cache.victim_chooser = choose
+        for r in requests:
+            cache.process(r.input_tokens, r.full_tokens)
+        best = max(best, cache.stats.flops_saved)
+        worst = min(worst, cache.stats.flops_saved)
+        # branch on every decision beyond the fixed prefix
+        for k in range(len(prefix), len(decisions)):
+            base = prefix + (0,) * (k - len(prefix))
+            for choice in range(1, decisions[k]):
+                stack.append(base + (choice,))
+    return best, worst, runs
 
 
 @pytest.mark.parametrize("seed", [0, 1, 3, 4, 5])

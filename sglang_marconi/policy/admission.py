@@ -1,6 +1,7 @@
 """Marconi's admission rule: which positions of a request get an SSM-state checkpoint.
 
-The single home of the rule; the simulator and the SGLang cache both call ``plan_checkpoints``.
+The single home of the rule: the simulator calls ``plan_checkpoints``, the SGLang cache
+``branch_checkpoint`` (through ``snapshot_admission``).
 
 - Purely-input reuse: the branch point that a speculative insertion of the request's input
   finds (where the input leaves the tree in the middle of an edge, or at a node that has
@@ -30,10 +31,9 @@ def _floor(x: int, grid: int) -> int:
     return (x // grid) * grid
 
 
-def cached_length(input_len: int, output_len: int, grid: int = 1, cache_output: bool = True) -> int:
+def cached_length(input_len: int, output_len: int, grid: int = 1) -> int:
     """Tokens whose KV exists at finish (the last sampled token has none), on the grid."""
-    n = input_len + max(0, output_len - 1) if cache_output else input_len
-    return _floor(n, grid)
+    return _floor(input_len + max(0, output_len - 1), grid)
 
 
 def branch_checkpoint(input_len: int, hit_len: int, branch_len: int | None, grid: int = 1,
@@ -47,11 +47,10 @@ def branch_checkpoint(input_len: int, hit_len: int, branch_len: int | None, grid
 
 
 def plan_checkpoints(input_len: int, output_len: int, hit_len: int, branch_len: int | None,
-                     grid: int = 1, max_states: int = 2, cache_output: bool = True
-                     ) -> AdmissionPlan:
+                     grid: int = 1, max_states: int = 2) -> AdmissionPlan:
     """Marconi admission: the branch point (if any) and the end of the cached sequence."""
     branch = branch_checkpoint(input_len, hit_len, branch_len, grid, max_states)
-    end = cached_length(input_len, output_len, grid, cache_output)
+    end = cached_length(input_len, output_len, grid)
     positions = [branch] if branch and branch < end else []
     if end > hit_len:
         positions.append(end)
@@ -60,10 +59,10 @@ def plan_checkpoints(input_len: int, output_len: int, hit_len: int, branch_len: 
     return AdmissionPlan(tuple(positions), cached, branch if branch in positions else 0)
 
 
-def plan_block_checkpoints(input_len: int, output_len: int, hit_len: int, block: int = 32,
-                           cache_output: bool = True) -> AdmissionPlan:
+def plan_block_checkpoints(input_len: int, output_len: int, hit_len: int,
+                           block: int = 32) -> AdmissionPlan:
     """vLLM+ admission: a state at every block boundary beyond the hit (full blocks only)."""
-    end = cached_length(input_len, output_len, block, cache_output)
+    end = cached_length(input_len, output_len, block)
     start = _floor(hit_len, block) + block
     positions = tuple(range(start, end + 1, block))
     return AdmissionPlan(positions, positions[-1] if positions else 0, 0)

@@ -14,7 +14,7 @@ request's admission is cut back to its branch-point state, or to nothing, and co
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -48,7 +48,6 @@ class CacheStats:
     end_states_skipped: int = 0    # marconi+: end-of-request states not admitted (learned)
     peak_bytes: int = 0
     evictions: int = 0
-    per_request_hits: list = field(default_factory=list, repr=False)
 
     @property
     def token_hit_rate(self) -> float:
@@ -98,15 +97,13 @@ class PrefixCache:
                  admission: str = "marconi", grid: int = 1, block: int = 32,
                  max_states_per_request: int = defaults.PAPER_MAX_STATES_PER_REQUEST,
                  bootstrap_multiplier: float = defaults.BOOTSTRAP_MULTIPLIER,
-                 alpha_grid=DEFAULT_GRID, cache_output: bool = True,
-                 record_hits: bool = False, reuse_weight: ReuseWeight | None = None,
+                 alpha_grid=DEFAULT_GRID, reuse_weight: ReuseWeight | None = None,
                  ghost_tokens: int | None = None, end_threshold: float | None = None,
                  online: dict | None = None, victim_chooser=None, end_admission=None):
         if admission not in ("marconi", "block"):
             raise ValueError(f"unknown admission {admission!r}")
         self.spec, self.capacity, self.admission = spec, capacity_bytes, admission
         self.grid, self.block, self.max_states = grid, block, max_states_per_request
-        self.cache_output, self.record_hits = cache_output, record_hits
         self.stats = CacheStats()
         self.auto_alpha = alpha == "auto"
         self.online_alpha = alpha == "online"
@@ -128,7 +125,7 @@ class PrefixCache:
         self._clock_now = 0  # the index (from 1) of the request being processed
         self._config = dict(capacity_bytes=capacity_bytes, admission=admission, grid=grid,
                             block=block, max_states_per_request=max_states_per_request,
-                            cache_output=cache_output, reuse_weight=reuse_weight,
+                            reuse_weight=reuse_weight,
                             ghost_tokens=ghost_tokens, end_threshold=end_threshold)
         self.tuner = (AlphaTuner(self._replay_alpha, alpha_grid, bootstrap_multiplier)
                       if self.auto_alpha else None)
@@ -178,8 +175,6 @@ class PrefixCache:
             st.hit_tokens += m.hit_len
             st.hit_requests += 1
             st.flops_saved += self.spec.flops_saved(m.hit_len, 0)
-        if self.record_hits:
-            st.per_request_hits.append(m.hit_len)
         branch_len = m.branch_len
         if self.ghost is not None:
             ghost = self.ghost.lookup(tokens, max(0, n - 1))
@@ -195,10 +190,9 @@ class PrefixCache:
         n = len(plan.input_tokens)
         output_len = full_len - n + 1
         if self.admission == "block":
-            return plan_block_checkpoints(n, output_len, plan.hit_len, self.block,
-                                          self.cache_output)
+            return plan_block_checkpoints(n, output_len, plan.hit_len, self.block)
         return plan_checkpoints(n, output_len, plan.hit_len, plan.branch_len, self.grid,
-                                self.max_states, self.cache_output)
+                                self.max_states)
 
     def _end_position(self, plan: RequestPlan, full_len: int, adm) -> int:
         """Where the request's end-of-request state is, or would be had the state cap not
@@ -209,7 +203,7 @@ class PrefixCache:
         if self.admission != "marconi":
             return adm.cached_len
         n = len(plan.input_tokens)
-        end = cached_length(n, full_len - n + 1, self.grid, self.cache_output)
+        end = cached_length(n, full_len - n + 1, self.grid)
         return end if end > plan.hit_len else 0
 
     def _observe_ghost_answer(self, plan: RequestPlan, end: int) -> None:
