@@ -1,11 +1,12 @@
-"""Issue 21's grid: N replicas behind each router, per model and per replica cache, with
-SGLang's unified memory by default (``serve-sim --replicas N``): TTFT P50/P95, FLOPs saved,
+"""The scale-out grid: N replicas behind each router, per model and per replica cache, with
+SGLang's unified memory by default (``serve-sim --replicas N``'s replay, with the research
+routers of scripts/lib/marconi_routing beside sglang-router's): TTFT P50/P95, FLOPs saved,
 load skew and the router's belief gap, one row per (model, N, router, cache), and the
-issue's targets at N = 4 (marconi router + marconi+ >= 1.3x the FLOPs saved of
-cache_aware + stock, P95 TTFT <= 0.8x, marconi within 10% of the oracle's FLOPs saved).
+targets at N = 4 (marconi router + marconi+ >= 1.3x the FLOPs saved of cache_aware +
+stock, P95 TTFT <= 0.8x, marconi within 10% of the oracle's FLOPs saved).
 
 A benchmark, not a test: it exits 0 whatever the targets say. Each (model, N) is one
-in-process ``serve-sim`` call; its rows are appended to ``--out`` (JSON lines), and a rerun
+in-process replay of every router x cache; its rows are appended to ``--out`` (JSON lines), and a rerun
 skips a (model, N) whose router x cache rows are all there for the same slice, so a long
 grid can be resumed or filled in by parts.
 ``--skip S --limit L`` replays requests S .. S+L-1 of the trace only (the arrivals are
@@ -21,9 +22,9 @@ Usage: python scripts/bench_scale_out.py [--models paper-7b,qwen3_next] [--repli
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
+import gc
 import json
+import logging
 import sys
 import tempfile
 from pathlib import Path
@@ -32,8 +33,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts" / "lib"))
 
-from sglang_marconi.cli.main import main as cli_main  # noqa: E402
 from marconi_reports.sweeps import MOONCAKE_TRACE  # noqa: E402
+from marconi_routing.cluster import (COST_ROUTERS, add_router_arguments,  # noqa: E402
+                                     router_options, run_cost_cluster)
+from sglang_marconi.cli import serve_sim  # noqa: E402
+from sglang_marconi.cli.common import run_with_sglang  # noqa: E402
+from sglang_marconi.errors import UserError  # noqa: E402
 
 COLUMNS = (("model", "model", "{}"), ("N", "replicas", "{}"), ("router", "router", "{}"),
            ("cache", "cache", "{}"), ("TTFT p50", "ttft_p50_s", "{:.3f}"),
@@ -56,20 +61,35 @@ def slice_trace(trace: Path, skip: int, limit, tmp: Path) -> Path:
 
 
 def run_cell(trace: Path, model: str, replicas: int, args) -> list:
-    """One serve-sim call (every router x cache for this model and N); its runs."""
-    argv = ["serve-sim", "--trace", str(trace), "--model", model, "--gpu", args.gpu,
+    """Every router x cache for this model and N: serve-sim's setup and cluster replay, the
+    research routers through ``marconi_routing``; their summaries."""
+    argv = ["--trace", str(trace), "--model", model, "--gpu", args.gpu,
             "--cache-gb", str(args.cache_gb), "--memory", args.memory,
-            "--replicas", str(replicas), "--router", args.routers, "--caches", args.caches,
-            "--load", str(args.load), "--bookkeeping", "off", "--json", "--no-progress"]
+            "--load", str(args.load), "--bookkeeping", "off", "--no-progress"]
     if args.limit is not None and not args.skip:
         argv += ["--limit", str(args.limit)]
-    argv += args.router_flags.split()
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        rc = cli_main(argv)
-    if rc != 0:
-        raise SystemExit(f"serve-sim failed ({rc}) for {model} N={replicas}")
-    return json.loads(out.getvalue())["runs"]
+    parser = argparse.ArgumentParser()
+    serve_sim.add_arguments(parser)
+    add_router_arguments(parser)
+    flags = parser.parse_args(argv + args.router_flags.split())
+    logging.getLogger("sglang").setLevel(logging.ERROR)  # retraction warnings: counted
+    try:
+        options = {**serve_sim.router_options(flags), **router_options(flags)}
+        requests, setup, _ = run_with_sglang(serve_sim.build_setup, flags)
+    except UserError as err:
+        raise SystemExit(f"error: {err}") from None
+    from sglang_marconi.serving.cluster import run_cluster  # torch, sglang
+
+    runs = []
+    for router in args.routers.split(","):
+        run = run_cost_cluster if router in COST_ROUTERS else run_cluster
+        for cache in args.caches.split(","):
+            summary, cluster = run(cache, router, requests, setup, replicas, load=args.load,
+                                   router_options=options.get(router))
+            runs.append(summary)
+            del cluster
+            gc.collect()
+    return runs
 
 
 def format_rows(rows: list) -> str:
@@ -127,7 +147,7 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=DEFAULT_LIMIT,
                     help=f"requests replayed (default {DEFAULT_LIMIT})")
     ap.add_argument("--full", action="store_true", help="the whole trace (after --skip)")
-    ap.add_argument("--router-flags", default="", help="more serve-sim flags, e.g. "
+    ap.add_argument("--router-flags", default="", help="more router flags, e.g. "
                     "'--router-affinity-threshold off' (part of a cell's identity)")
     ap.add_argument("--out", default="bench_scale_out.jsonl")
     ap.add_argument("--print-only", action="store_true", help="no runs: the table and the "

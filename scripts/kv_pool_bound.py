@@ -3,15 +3,14 @@ KV pool: an upper bound from a linear programme that knows the future (analysis 
 relaxations: scripts/lib/marconi_reports/kv_pool_bound.py).
 
 The pools are sized as `ab` and `sim` size them (`--cache-gb N`, static, SGLang's default
-split, or `--kv-tokens K --mamba-slots S`); the caches (`sim` policy names) replay the same
-trace on them in the simulator's SGLang images (equal to `ab` request for request,
-docs/sglang.md). Prints, per cache, FLOPs saved, its share of the bound and its ratio to
-the first cache; then what the optimum holds, by how often the reused block was used
-before (the signal an online cache has: the reuse count).
+split, or `--kv-tokens K --mamba-slots S`); the caches (`ab` cache names) replay the same
+trace on them through SGLang's own cache objects, as `ab` does (its default overlap loop,
+page 64). Prints, per cache, FLOPs saved, its share of the bound and its ratio to the
+first cache; then what the optimum holds, by how often the reused block was used before
+(the signal an online cache has: the reuse count).
 
 Usage: python scripts/kv_pool_bound.py [--trace PATH] [--limit N] [--model paper-7b]
-       [--cache-gb 100 | --kv-tokens K --mamba-slots S] [--caches sglang,marconi+:...]
-       [--json]
+       [--cache-gb 100 | --kv-tokens K --mamba-slots S] [--caches stock,marconi] [--json]
 """
 from __future__ import annotations
 
@@ -24,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts" / "lib"))
 
+from sglang_marconi.cli.common import run_with_sglang  # noqa: E402
 from sglang_marconi.cli.pool_flags import (add_pool_arguments, check_pools_fit,  # noqa: E402
                                             pool_sizes, positive_int)
 from sglang_marconi.errors import UserError  # noqa: E402
@@ -31,12 +31,26 @@ from sglang_marconi.model import resolve_model  # noqa: E402
 from marconi_reports.formatting import pct, text_table  # noqa: E402
 from marconi_reports.kv_pool_bound import (held_by_reuse_class, kv_pool_bound,  # noqa: E402
                                            mooncake_blocks, reuse_intervals)
-from sglang_marconi.sim.policies import parse_policies  # noqa: E402
-from sglang_marconi.sim.runner import run_policy  # noqa: E402
 from marconi_reports.sweeps import MOONCAKE_TRACE  # noqa: E402
 from sglang_marconi.sim.traces import MOONCAKE_BLOCK, detect_format, read_trace  # noqa: E402
 
-DEFAULT_CACHES = "sglang,marconi+:materialise=sglang"
+DEFAULT_CACHES = "stock,marconi"
+CACHE_NAMES = ("stock", "stock-python", "marconi", "marconi-paper")
+
+
+def cache_savings(trace, spec, caches, kv_tokens: int, mamba_slots: int, page: int,
+                  max_len: int) -> dict:
+    """Each cache's FLOPs saved (a fraction of all prefill FLOPs) on SGLang's static pools,
+    replayed through SGLang's own cache objects as ``ab`` replays them."""
+    from sglang_marconi.driver.pools import PoolConfig  # torch, sglang
+    from sglang_marconi.harness.ab import ABConfig, run_ab, to_replay_requests
+
+    pools = PoolConfig(kv_tokens=kv_tokens, mamba_slots=mamba_slots, page_size=page,
+                       max_context_len=max_len, overlap_schedule=True)
+    results = run_ab(to_replay_requests(trace), ABConfig(pools=pools, spec=spec,
+                                                         caches=tuple(caches)),
+                     show_progress=False)
+    return {name: col["flops_saved_fraction"] for name, col in results["caches"].items()}
 
 
 def run(args) -> dict:
@@ -51,15 +65,17 @@ def run(args) -> dict:
     trace = read_trace(args.trace)
     trace.requests = trace.requests[:args.limit] if args.limit else trace.requests
     longest = max(r.input_len + max(1, r.output_len) for r in trace.requests)
-    check_pools_fit(args, kv_tokens, mamba_slots, longest, args.page_size)
+    max_len = check_pools_fit(args, kv_tokens, mamba_slots, longest, args.page_size)
+    names = [n.strip() for n in args.caches.split(",") if n.strip()]
+    bad = [n for n in names if n not in CACHE_NAMES]
+    if bad or not names:
+        raise UserError(f"--caches: unknown {', '.join(bad) or 'empty list'}; known: "
+                        f"{', '.join(CACHE_NAMES)}")
     intervals = reuse_intervals(mooncake_blocks(trace), spec)
     bound = kv_pool_bound(intervals, kv_tokens)
-    caches = {}
-    for policy in parse_policies(args.caches):
-        # the simulator's images of SGLang on its static pools, in the overlap loop
-        placed = parse_policies(f"{policy.label}:overlap=1:kv_tokens={kv_tokens}"
-                                f":state_slots={mamba_slots}")[0]
-        caches[policy.label] = run_policy(trace, spec, None, placed)["flops_saved_fraction"]
+    caches = run_with_sglang(lambda _: cache_savings(trace, spec, names, kv_tokens,
+                                                     mamba_slots, args.page_size, max_len),
+                             args)
     return {"trace": str(args.trace), "requests": len(trace.requests), "model": args.model,
             "kv_tokens": kv_tokens, "mamba_slots": mamba_slots, "block": MOONCAKE_BLOCK,
             "bound": bound.fraction, "never_evicting_kv_only": bound.never_evicting,
@@ -97,7 +113,8 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=positive_int, default=None, help="the first N requests")
     ap.add_argument("--model", default="paper-7b")
     ap.add_argument("--caches", default=DEFAULT_CACHES,
-                    help=f"sim policies replayed on the same pools (default {DEFAULT_CACHES})")
+                    help=f"ab caches replayed on the same pools, of {', '.join(CACHE_NAMES)} "
+                         f"(default {DEFAULT_CACHES})")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     add_pool_arguments(ap)
     ap.set_defaults(page_size=64)

@@ -6,7 +6,6 @@ import json
 from contextlib import redirect_stdout
 
 from sglang_marconi.cli import ab as ab_cli
-from marconi_reports import baseline_agreement
 from sglang_marconi.sim.generators import generate
 from sglang_marconi.sim.traces import write_sessions
 
@@ -27,10 +26,8 @@ def ab_chat_small_pools(tmp_path, cache: str, write_policy: str):
     path = tmp_path / "chat.jsonl"
     write_sessions(generate("chat", seed=1, sessions=8, max_len=30000, user_median=2500,
                             output_median=300), path)
-    argv = baseline_agreement.ab_argv(path, "paper-7b", 1, memory="static", cache=cache)[1:]
-    for flag in ("--cache-gb", "--memory"):
-        i = argv.index(flag)
-        del argv[i:i + 2]
+    argv = ["--trace", str(path), "--model", "paper-7b", "--caches", cache, "--json",
+            "--per-request", "--no-progress"]
     return path, json.loads(run_cli(ab_cli, *argv, "--kv-tokens", "60000", "--mamba-slots",
                                     "12", "--hicache-ratio", "2", "--hicache-write-policy",
                                     write_policy))

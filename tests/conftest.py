@@ -10,7 +10,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 MOONCAKE = ROOT.parent / "shared" / "traces" / "mooncake" / "synthetic_trace.jsonl"
 
-# the tests' helper modules (``parity_harness``) import by name under any --import-mode,
+# the tests' helper modules (``cli_helper``, ``hand_costs``) import by name under any --import-mode,
 # and so does the scripts' library (scripts/lib: ``marconi_reports``, ``marconi_checks``),
 # which is not installed
 for _path in (ROOT / "tests", ROOT / "scripts" / "lib"):

@@ -9,7 +9,7 @@ from sglang_marconi.model import preset_spec
 from sglang_marconi.policy.cache import PrefixCache
 from sglang_marconi.policy.ghost import GhostIndex
 from sglang_marconi.policy.likelihood import EndStateUsefulness, ReuseWeight
-from sglang_marconi.policy.offline import FutureIndex, exhaustive_best, offline_cache
+from sglang_marconi.policy.offline import FutureIndex, offline_cache
 from sglang_marconi.policy.tree import Node
 from sglang_marconi.sim.generators import generate
 from sglang_marconi.sim.policies import build_cache, parse_policy
@@ -262,6 +262,43 @@ def _tiny_trace(seed):
     return out
 
 
+def exhaustive_best(requests, make_cache, limit: int = 200_000) -> tuple[float, float, int]:
+    """(best, worst, runs): the most and least FLOPs any sequence of eviction choices saves
+    on ``requests`` (tiny traces only), and how many replays the search took.
+
+    Replays the trace once per sequence of choices, enumerating them depth first: each
+    replay follows a fixed prefix of choices (candidates sorted by node id) and records how
+    many candidates each further decision had."""
+    best, worst = 0.0, float("inf")
+    stack = [()]
+    runs = 0
+    while stack:
+        prefix = stack.pop()
+        runs += 1
+        if runs > limit:
+            raise RuntimeError("exhaustive search too large")
+        decisions: list[int] = []  # number of options at each decision of this run
+
+        def choose(cache, prefix=prefix, decisions=decisions):
+            options = sorted(cache.tree.candidates(), key=lambda n: n.id)
+            k = len(decisions)
+            decisions.append(len(options))
+            return options[prefix[k] if k < len(prefix) else 0]
+
+        cache = make_cache()
+        cache.victim_chooser = choose
+        for r in requests:
+            cache.process(r.input_tokens, r.full_tokens)
+        best = max(best, cache.stats.flops_saved)
+        worst = min(worst, cache.stats.flops_saved)
+        # branch on every decision beyond the fixed prefix
+        for k in range(len(prefix), len(decisions)):
+            base = prefix + (0,) * (k - len(prefix))
+            for choice in range(1, decisions[k]):
+                stack.append(base + (choice,))
+    return best, worst, runs
+
+
 @pytest.mark.parametrize("seed", [0, 1, 3, 4, 5])
 def test_offline_against_exhaustive_optimum(seed):
     reqs = _tiny_trace(seed)
@@ -288,23 +325,3 @@ def test_future_index_next_use():
     assert f.next_use(np.array([1, 2, 3, 9]), after=0) is None   # key excludes the last token
     assert f.next_use(np.array([5]), after=2) is None
 
-
-def test_bench_beyond_uses_this_tests_settings():
-    """docs/beyond.md's alpha-shift section says it runs as this test does."""
-    from marconi_reports import beyond
-
-    assert beyond.ALPHA_SHIFT_CAP == ALPHA_SHIFT_CAP
-    assert beyond.FIXED_ALPHAS == FIXED_ALPHAS
-    assert beyond.CLEAR == CLEAR
-
-
-def test_bench_beyond_script_help():
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_beyond.py"
-    proc = subprocess.run([sys.executable, str(script), "--help"], capture_output=True,
-                          text=True)
-    assert proc.returncode == 0, proc.stderr
-    assert "Beyond the paper (issue 7)" in proc.stdout and "--strict" in proc.stdout

@@ -33,8 +33,6 @@ from typing import Callable, Optional
 import numpy as np
 import pytest
 
-from parity_harness import Fresh, random_mix
-
 from sglang_marconi.model import preset_spec
 from sglang_marconi.policy.tree import as_tokens, common_prefix_len
 from sglang_marconi.sim.policies import build_cache as build_sim_cache
@@ -48,6 +46,42 @@ SGLANG_GRID = 16  # SGLang's checkpoint grid here (mamba cache chunk 16, page 1)
 
 
 # -- request streams ------------------------------------------------------------------------
+class Fresh:
+    """Token ids never used before, ``n`` at a time."""
+
+    def __init__(self, start=10**6):
+        self.next = start
+
+    def __call__(self, n):
+        out = list(range(self.next, self.next + n))
+        self.next += n
+        return out
+
+
+def random_mix(seed, n=40, base_len=200, max_output=20):
+    """Shared bases, chat continuations, exact repeats and prefixes of cached sequences."""
+    rng = random.Random(seed)
+    t = Fresh()
+    bases = [t(base_len) for _ in range(3)]
+    hist, reqs = [], []
+    for _ in range(n):
+        kind = rng.random()
+        if hist and kind < 0.15:
+            inp = list(rng.choice(hist)[0])
+        elif hist and kind < 0.3:
+            i, o = rng.choice(hist)
+            inp = (i + o)[:rng.randint(1, len(i) + len(o))]
+        elif hist and kind < 0.55:
+            i, o = rng.choice(hist)
+            inp = i + o + t(rng.randint(1, 25))
+        else:
+            inp = rng.choice(bases)[:rng.randint(0, base_len)] + t(rng.randint(1, 30))
+        out = t(rng.randint(1, max_output))
+        hist.append((inp, out))
+        reqs.append((inp, out))
+    return reqs
+
+
 def mixed_stream(seed=0, n=30):
     """Shared bases, chat continuations, exact repeats and prefixes of seen sequences."""
     return random_mix(seed, n, base_len=120, max_output=12)
@@ -146,10 +180,7 @@ class SGLangDriver:
                                             settings=MarconiSettings(**settings))
         self.cache = build_cache(self.pc, cache_class=cache_class, tree_core="python")[0]
         self.counters = instrument(self.cache)
-        # the call sequence the simulator's image models (no publish of the last prefill
-        # chunk): parity of the two engines' policy decisions, not of SGLang's sequence
-        self.replayer = Replayer(self.cache, chunked_prefill_size=NEVER,
-                                 publish_last_chunk=False)
+        self.replayer = Replayer(self.cache, chunked_prefill_size=NEVER)
         self.budget = (self.pc.kv_tokens, self.pc.mamba_slots)
         self.peak = (0, 0)
         self.hits = []

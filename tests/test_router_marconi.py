@@ -1,4 +1,4 @@
-"""The ``marconi`` router (``serving/router_marconi.py``) rule by rule: reuse truncated to the
+"""The ``marconi`` router (scripts/lib/marconi_routing/cost_routers.py) rule by rule: reuse truncated to the
 checkpoints it knows were created (request ends, chunk ends, branch points), corrected by
 the cached-token count each response reports, FLOPs saved against queued prefill FLOPs,
 cache_aware's balance guard, ties (the least queued, then the fewest in flight, then the
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
+import marconi_routing.cost_routers as router_marconi
+from marconi_routing.cost_routers import MarconiRouter, block_hashes
 from sglang_marconi.errors import UserError
-import sglang_marconi.serving.router_marconi as router_marconi
-from sglang_marconi.serving.router_marconi import MarconiRouter, block_hashes
 
 W = ["w0", "w1", "w2"]
 OUT = [7, 8]                       # two output tokens: no decode-track snapshot

@@ -140,6 +140,11 @@ def test_sim_cli_capacity_sweep_and_errors(tmp_path):
     for args, msg in [(("--workload", "chat", "--policies", "lru"), "unknown policy 'lru'"),
                       (("--workload", "chat", "--policies", "sglang+"),
                        "'sglang+' was renamed: write paper-sglang+"),
+                      (("--workload", "chat", "--policies", "marconi,sglang"),
+                       "policy 'sglang' is gone from `sim --paper`: `sim` without --paper runs "
+                       "SGLang's own cache"),
+                      (("--workload", "chat", "--policies", "marconi+:materialise=sglang"),
+                       "unknown option 'materialise'"),
                       (("--workload", "chat", "--capacity", "lots"), "cannot read 'lots'"),
                       (("--workload", "nope"), "unknown workload 'nope'"),
                       (("--workload", "chat", "--policies", "marconi:beta=1"),

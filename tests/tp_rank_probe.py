@@ -11,7 +11,8 @@ import random
 import sys
 from array import array
 
-from parity_harness import sglang_state_nodes
+from marconi_checks.invariants import walk
+from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 
 from sglang_marconi.driver.pools import PoolConfig, build_cache
 from sglang_marconi.driver.replay import Replayer, ReplayRequest
@@ -27,6 +28,22 @@ POLICIES = {
     "marconi-a1": dict(alpha=1.0),
     "marconi": dict(),
 }
+
+
+def sglang_path(node, root) -> tuple:
+    """The tokens from the root to the end of ``node`` (a state's name: two branches may
+    hold states at one length)."""
+    parts = []
+    while node is not root:
+        parts.append(node.key.raw_token_ids()[:len(node.key)])
+        node = node.parent
+    return tuple(t for part in reversed(parts) for t in part)
+
+
+def sglang_state_nodes(cache) -> dict:
+    root = cache.tree_core.root_node
+    return {sglang_path(n, root): n for n in walk(cache)
+            if n.component_data[ComponentType.MAMBA].value is not None}
 
 
 def stream(n=48, seed=7):

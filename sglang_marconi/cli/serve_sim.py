@@ -27,8 +27,6 @@ from sglang_marconi.policy import defaults
 from sglang_marconi.serving.gpu_model import PRESETS, GpuTimeModel, preset
 from sglang_marconi.serving.metrics import bookkeeping_ratios
 from sglang_marconi.serving.router import ROUTERS, make_router
-from sglang_marconi.serving.router_marconi import (AFFINITY_THRESHOLD, BRANCH_WEIGHT,
-                                                   LOAD_PENALTY, OWNER_TOKENS, CostRouter)
 from sglang_marconi.sim.traces import read_trace
 
 COLUMNS = (  # (header, key, format)
@@ -71,18 +69,6 @@ def _routers(text: str) -> tuple:
     if not names:
         raise UserError("--router: empty list")
     return names
-
-
-def _fraction_or_off(text: str):
-    if text.strip().lower() == "off":
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1] or off, got {text!r}")
-    return value
 
 
 def _loads(text: str) -> tuple:
@@ -153,8 +139,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"comma-separated subset of {', '.join(CACHE_NAMES)}")
     r = parser.add_argument_group(
         "replicas behind a router (serving/cluster.py; cache_aware, round_robin, random "
-        "re-implement sglang-router 0.3.2, serving/router.py; marconi and oracle score "
-        "prefill FLOPs saved, serving/router_marconi.py)")
+        "re-implement sglang-router 0.3.2, serving/router.py)")
     r.add_argument("--replicas", type=_positive, default=1,
                    help="independent SGLang servers (each --cache-gb, its own cache); "
                         "--load is then the cluster's")
@@ -177,25 +162,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "never)")
     r.add_argument("--router-max-tree-size", type=_positive, default=1 << 26,
                    help="cache_aware: characters kept per replica at each trim")
-    r.add_argument("--router-load-penalty", type=float, default=LOAD_PENALTY,
-                   help="marconi, oracle: score = prefill FLOPs saved - this x the "
-                        "replica's queued prefill FLOPs (1: TTFT-greedy)")
-    r.add_argument("--router-branch-weight", type=float, default=BRANCH_WEIGHT,
-                   help="marconi, oracle: add this x the FLOPs a hit on the branch point "
-                        "the request would checkpoint there would save (0: reuse only)")
-    r.add_argument("--router-affinity-threshold", type=_fraction_or_off,
-                   default=AFFINITY_THRESHOLD,
-                   help="marconi, oracle: cache_aware's rule in FLOPs: the replica where the "
-                        "request would save the most (reuse plus the branch state it plants) "
-                        "when that is above this fraction of its prefill FLOPs, else the "
-                        "least queued (default: sglang-router's --cache-threshold 0.3); off: "
-                        "the score (saved FLOPs - load penalty x queued FLOPs) instead")
-    r.add_argument("--router-owner-tokens", type=int, default=OWNER_TOKENS,
-                   help="marconi, oracle (with the affinity threshold): when no replica's "
-                        "reuse passes it, the replica the router sent the longest prefix of "
-                        "the request to, if above the threshold x its tokens; the router "
-                        "remembers this many tokens sent per replica (default: cache_aware's "
-                        "--max-tree-size; 0: off, the least queued replica)")
     parser.add_argument("--limit", type=_positive, default=None,
                         help="only the first N requests")
     parser.add_argument("--bookkeeping", choices=("measured", "cpu", "off"), default="measured",
@@ -324,7 +290,6 @@ def _run(args) -> int:
     if routers is not None:
         options = router_options(args)
         make_router("cache_aware", ["check"], **options["cache_aware"])  # bad flags: fail early
-        CostRouter(["check"], None, **options["marconi"])
     requests, setup, sizes = build_setup(args)
     config = {"trace": str(args.trace), "model": setup.spec.name, "requests": len(requests),
               "gpu": setup.time_model.gpu.as_dict(), "pools": sizes.as_dict(),
@@ -381,18 +346,12 @@ def format_ratios(ratios) -> list:
 
 
 def router_options(args) -> dict:
-    """Router name -> its options from the ``--router-*`` flags (marconi and oracle keep
-    cache_aware's balance guard, same thresholds)."""
-    balance = {"balance_abs_threshold": args.router_balance_abs_threshold,
-               "balance_rel_threshold": args.router_balance_rel_threshold}
-    cost = {**balance, "load_penalty": args.router_load_penalty,
-            "branch_weight": args.router_branch_weight,
-            "affinity_threshold": args.router_affinity_threshold,
-            "owner_tokens": args.router_owner_tokens}
-    return {"cache_aware": {"cache_threshold": args.router_cache_threshold, **balance,
+    """Router name -> its options from the ``--router-*`` flags."""
+    return {"cache_aware": {"cache_threshold": args.router_cache_threshold,
+                            "balance_abs_threshold": args.router_balance_abs_threshold,
+                            "balance_rel_threshold": args.router_balance_rel_threshold,
                             "eviction_interval_secs": args.router_eviction_interval_secs,
-                            "max_tree_size": args.router_max_tree_size},
-            "marconi": cost, "oracle": dict(cost)}
+                            "max_tree_size": args.router_max_tree_size}}
 
 
 def _run_cluster(args, requests, setup, sizes, caches, loads, routers, options,

@@ -131,14 +131,9 @@ class Replayer:
     """Runs ``ReplayRequest``s one after another through ``tree_cache``."""
 
     def __init__(self, tree_cache, chunked_prefill_size: int = 8192,
-                 mamba_chunk_size: int = 64, publish_last_chunk: bool = True,
-                 overlap: bool = False, evict_every_decode_step: bool = False):
-        """``publish_last_chunk``: SGLang's ``checkpoint_kv_cache`` after the last prefill
-        chunk of a request that goes on to decode (what the live server does, checked by
-        tests/live). False drops that one call: the sequence the simulator's image of
-        SGLang (``tests/sim_mirror.py``) still models, for the parity tests only.
-
-        ``overlap``: the order of SGLang's overlap loop (``event_loop_overlap``) for one
+                 mamba_chunk_size: int = 64, overlap: bool = False,
+                 evict_every_decode_step: bool = False):
+        """``overlap``: the order of SGLang's overlap loop (``event_loop_overlap``) for one
         request at a time. Of what differs between the loops, only this reaches a single
         sequential client: the first decode step's KV allocation comes before the last
         prefill chunk's ``checkpoint_kv_cache``. The rest does not: a request finishing by
@@ -154,12 +149,10 @@ class Replayer:
         allocation.py 583-585); the replay's shortcut inside a page skips that call, so when
         fewer than a page of KV is free mid-page it evicts one step later than SGLang.
         True makes the call (serve-sim's scheduler runs SGLang's own code, so it always
-        does); False keeps the figures measured before (and the simulator's image of
-        SGLang, ``policy.stock``, which models the page-boundary eviction)."""
+        does); False (``ab``) keeps the figures measured before."""
         self.cache = tree_cache
         self.chunk = chunked_prefill_size
         self.mamba_chunk_size = mamba_chunk_size
-        self.publish_last_chunk = publish_last_chunk
         self.overlap = overlap
         self.evict_every_decode_step = evict_every_decode_step
         self.extra_buffer = bool(get_exec().mamba.enable_mamba_extra_buffer)
@@ -312,7 +305,7 @@ class Replayer:
                 # prepared (its KV slot allocated, evicting when short) before the
                 # prefill's result is processed
                 self._decode_alloc(req)
-            if i == 0 and self.publish_last_chunk:
+            if i == 0:
                 # the last prefill chunk of a request that goes on to decode is published
                 # like every other chunk (SchedulerBatchResultProcessor.
                 # process_batch_result_prefill: checkpoint_kv_cache when not finished)

@@ -1,9 +1,8 @@
 """Timing primitives for the cache bookkeeping measurements: ``quantile``, the nearest-rank
 quantile of per-request times (the A/B's columns in ``harness.ab`` and the benchmark in
-``scripts/lib/marconi_reports/overhead.py``), ``EvictTimer``, which wraps a cache's
-``_evict`` to count and time its eviction calls, and ``GCPauses``, which measures the
-garbage collector's pauses so that a cache's own time can be told from the collections of
-the replay's heap. A leaf: it imports nothing of the package, so ``harness.ab``, serve-sim
+``scripts/lib/marconi_reports/overhead.py``), ``CallTimer`` (the longest single cache
+call) and ``GCPauses``, which measures the garbage collector's pauses so that a cache's own
+time can be told from the collections of the replay's heap. A leaf: it imports nothing of the package, so ``harness.ab``, serve-sim
 and the benchmark can all use it."""
 from __future__ import annotations
 
@@ -18,28 +17,6 @@ def quantile(xs, q: float) -> float:
         return 0.0
     s = sorted(xs)
     return s[min(len(s) - 1, int(q * len(s)))]
-
-
-class EvictTimer:
-    """Wraps a cache's ``_evict``: calls, seconds inside, states and tokens freed."""
-
-    def __init__(self, cache):
-        self.calls = 0
-        self.seconds = []
-        self.states = 0
-        self.tokens = 0
-        inner = cache._evict
-
-        def timed(params, *args, **kwargs):
-            t0 = time.perf_counter()
-            result = inner(params, *args, **kwargs)
-            self.seconds.append(time.perf_counter() - t0)
-            self.calls += 1
-            self.states += result.mamba_num_evicted
-            self.tokens += result.num_tokens_evicted
-            return result
-
-        cache._evict = timed
 
 
 class GCPauses:

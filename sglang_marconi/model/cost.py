@@ -1,8 +1,7 @@
 """``CostModel``: what the policy needs to know of a model (a typed interface).
 
-``HybridModelSpec`` implements it from a config; ``StatePoolCost`` (tests/sim_mirror.py) is the
-same model as SGLang's state pool sees it (KV free). Anything that ranks or budgets takes a
-``CostModel``, never a concrete class.
+``HybridModelSpec`` implements it from a config, ``policy.ghost.UnitCost`` for the ghost
+index. Anything that ranks or budgets takes a ``CostModel``, never a concrete class.
 """
 from __future__ import annotations
 

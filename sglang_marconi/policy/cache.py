@@ -14,14 +14,13 @@ request's admission is cut back to its branch-point state, or to nothing, and co
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from sglang_marconi.model.cost import CostModel
 from sglang_marconi.policy import defaults
-from sglang_marconi.policy.admission import (SGLangGrids, branch_checkpoint, cached_length,
-                                             plan_marconi_in_sglang,
+from sglang_marconi.policy.admission import (branch_checkpoint, cached_length,
                                              plan_block_checkpoints, plan_checkpoints)
 from sglang_marconi.policy.alpha import DEFAULT_GRID, AlphaTuner
 from sglang_marconi.policy.ghost import GhostAnswer, GhostIndex
@@ -49,7 +48,6 @@ class CacheStats:
     end_states_skipped: int = 0    # marconi+: end-of-request states not admitted (learned)
     peak_bytes: int = 0
     evictions: int = 0
-    per_request_hits: list = field(default_factory=list, repr=False)
 
     @property
     def token_hit_rate(self) -> float:
@@ -93,58 +91,19 @@ class PrefixCache:
     ``GhostIndex`` of that many tokens finds branch points past evictions) and
     ``end_threshold`` (end-of-request states admitted only while their measured reuse rate
     is at least this; needs the ghost index).
-
-    Knobs that mirror SGLang's cache (``tests/test_parity.py``; defaults = the paper):
-
-    - ``branch_rule``: ``"split"`` (default) is the paper's speculative insertion: a branch
-      where the input would split an edge, or leave the tree at a node with children and no
-      state. ``"kv"`` is SGLang's rule (``MambaComponent.finalize_match_result_in_tree_core``):
-      the branch is where the longest KV match of ``input[:-1]`` ends, whenever that lies
-      beyond the hit; it also fires when the whole input lies on a cached path (a repeated
-      prompt, or a prompt that is a prefix of a cached sequence), where ``"split"`` does not.
-      ``"none"``: no branch states (SGLang without the extra buffer, ``no_buffer``), the
-      ghost index's included.
-    - ``evict_at``: ``"finish"`` (default) makes room when a request's states are inserted.
-      ``"begin"`` is SGLang's timing: a finishing request's states and KV enter the tree
-      without eviction (they were already allocated to the running request), and the next
-      request, after its match, evicts until the tree fits ``capacity_bytes`` again, with
-      only its hit node locked (SGLang's MAMBA lock covers the matched state alone, so the
-      states of its ancestors stay evictable). Size ``capacity_bytes`` as the pool minus what
-      a running request holds (SGLang: 3 state slots with the extra buffer, 1 without).
-    - ``insert_clock_offset``: the recency stamp of what ``finish`` inserts, relative to the
-      request's tick (0, the default: the same tick as its hit, the tie then broken by when
-      each node last entered the victim queue). SGLang's cache stamps inserts half a tick
-      after the hit (0.5), so a new state sorts after the hit it extends, as in its LRU list.
-    - ``renormalise``: refresh the victim queue's min-max bounds before every eviction (the
-      paper's rule, and what SGLang's eviction walk does over its candidates) instead of
-      between amortised refreshes; O(candidates) per eviction.
     """
 
     def __init__(self, spec: CostModel, capacity_bytes: int | None = None, alpha=0.0,
                  admission: str = "marconi", grid: int = 1, block: int = 32,
                  max_states_per_request: int = defaults.PAPER_MAX_STATES_PER_REQUEST,
                  bootstrap_multiplier: float = defaults.BOOTSTRAP_MULTIPLIER,
-                 alpha_grid=DEFAULT_GRID, cache_output: bool = True,
-                 record_hits: bool = False, reuse_weight: ReuseWeight | None = None,
+                 alpha_grid=DEFAULT_GRID, reuse_weight: ReuseWeight | None = None,
                  ghost_tokens: int | None = None, end_threshold: float | None = None,
-                 online: dict | None = None, victim_chooser=None, end_admission=None,
-                 branch_rule: str = "split", evict_at: str = "finish",
-                 renormalise: bool = False, insert_clock_offset: float = 0.0,
-                 materialise: SGLangGrids | None = None):
+                 online: dict | None = None, victim_chooser=None, end_admission=None):
         if admission not in ("marconi", "block"):
             raise ValueError(f"unknown admission {admission!r}")
-        if branch_rule not in ("split", "kv", "none"):
-            raise ValueError(f"unknown branch rule {branch_rule!r}")
-        if evict_at not in ("finish", "begin"):
-            raise ValueError(f"unknown eviction timing {evict_at!r}")
         self.spec, self.capacity, self.admission = spec, capacity_bytes, admission
         self.grid, self.block, self.max_states = grid, block, max_states_per_request
-        self.branch_rule, self.evict_at, self.renormalise = branch_rule, evict_at, renormalise
-        self.insert_clock_offset = insert_clock_offset
-        if materialise is not None and admission != "marconi":
-            raise ValueError("materialise applies to Marconi admission only")
-        self.materialise = materialise
-        self.cache_output, self.record_hits = cache_output, record_hits
         self.stats = CacheStats()
         self.auto_alpha = alpha == "auto"
         self.online_alpha = alpha == "online"
@@ -166,11 +125,8 @@ class PrefixCache:
         self._clock_now = 0  # the index (from 1) of the request being processed
         self._config = dict(capacity_bytes=capacity_bytes, admission=admission, grid=grid,
                             block=block, max_states_per_request=max_states_per_request,
-                            cache_output=cache_output, reuse_weight=reuse_weight,
-                            ghost_tokens=ghost_tokens, end_threshold=end_threshold,
-                            branch_rule=branch_rule, evict_at=evict_at,
-                            renormalise=renormalise,
-                            insert_clock_offset=insert_clock_offset, materialise=materialise)
+                            reuse_weight=reuse_weight,
+                            ghost_tokens=ghost_tokens, end_threshold=end_threshold)
         self.tuner = (AlphaTuner(self._replay_alpha, alpha_grid, bootstrap_multiplier)
                       if self.auto_alpha else None)
         self.online = (OnlineAlpha(self._make_shadow, **(online or {}))
@@ -219,20 +175,10 @@ class PrefixCache:
             st.hit_tokens += m.hit_len
             st.hit_requests += 1
             st.flops_saved += self.spec.flops_saved(m.hit_len, 0)
-        if self.record_hits:
-            st.per_request_hits.append(m.hit_len)
         branch_len = m.branch_len
-        if self.branch_rule == "kv":
-            kv = min(m.kv_len, max(0, n - 1))  # the KV match of input[:-1]
-            branch_len = kv if kv > m.hit_len else 0
-        elif self.branch_rule == "none":
-            branch_len = 0
-        if self.evict_at == "begin":
-            self._evict_to_capacity(m.hit_node)
         if self.ghost is not None:
             ghost = self.ghost.lookup(tokens, max(0, n - 1))
-            if self.branch_rule != "none":  # "none": no branch states, remembered or not
-                branch_len = max(branch_len, ghost.branch)
+            branch_len = max(branch_len, ghost.branch)
         positions = ()
         if self.admission == "marconi":
             b = branch_checkpoint(n, m.hit_len, branch_len, self.grid, self.max_states)
@@ -244,10 +190,9 @@ class PrefixCache:
         n = len(plan.input_tokens)
         output_len = full_len - n + 1
         if self.admission == "block":
-            return plan_block_checkpoints(n, output_len, plan.hit_len, self.block,
-                                          self.cache_output)
+            return plan_block_checkpoints(n, output_len, plan.hit_len, self.block)
         return plan_checkpoints(n, output_len, plan.hit_len, plan.branch_len, self.grid,
-                                self.max_states, self.cache_output)
+                                self.max_states)
 
     def _end_position(self, plan: RequestPlan, full_len: int, adm) -> int:
         """Where the request's end-of-request state is, or would be had the state cap not
@@ -258,7 +203,7 @@ class PrefixCache:
         if self.admission != "marconi":
             return adm.cached_len
         n = len(plan.input_tokens)
-        end = cached_length(n, full_len - n + 1, self.grid, self.cache_output)
+        end = cached_length(n, full_len - n + 1, self.grid)
         return end if end > plan.hit_len else 0
 
     def _observe_ghost_answer(self, plan: RequestPlan, end: int) -> None:
@@ -274,8 +219,6 @@ class PrefixCache:
     def finish(self, plan: RequestPlan, full_tokens) -> dict:
         """Admit the request's states and KV; returns {position: node} of stored states."""
         full = as_tokens(full_tokens)
-        if self.materialise is not None:
-            return self._finish_materialised(plan, full)
         adm = self._plan(plan, len(full))
         if self.ghost is not None:
             end = self._end_position(plan, len(full), adm)
@@ -309,9 +252,8 @@ class PrefixCache:
         out: dict = {}
         for i, positions in enumerate(attempts):
             seq = full[:positions[-1]]
-            if self.evict_at == "begin" or self._make_room(seq, positions):
-                out, new = self.tree.insert(seq, positions,
-                                            plan.index + self.insert_clock_offset)
+            if self._make_room(seq, positions):
+                out, new = self.tree.insert(seq, positions, plan.index)
                 self.stats.states_admitted += new
                 if i > 0:
                     self.stats.admissions_truncated += 1
@@ -319,36 +261,6 @@ class PrefixCache:
         else:
             self.stats.admissions_rejected += 1
         self.stats.peak_bytes = max(self.stats.peak_bytes, self.tree.bytes_used)
-        return out
-
-    def _finish_materialised(self, plan: RequestPlan, full: np.ndarray) -> dict:
-        """``finish`` when only what SGLang snapshots can be kept (``materialise``): the
-        plugin's decisions on SGLang's chunk, branch and decode-track snapshots
-        (``admission.plan_marconi_in_sglang``); end-state candidates are kept or dropped
-        together by the learned end-state rule and the per-request cap."""
-        n = len(plan.input_tokens)
-        branch = plan.checkpoint_positions[0] if plan.checkpoint_positions else 0
-        reserved = (1 if branch else 0) + 1  # the branch point and the final state
-        mp = plan_marconi_in_sglang(n, len(full) - n + 1, plan.hit_len, branch,
-                                    self.materialise, max(0, self.max_states - reserved))
-        if self.ghost is not None:
-            self.ghost.record(full, mp.end, plan.index)
-            self._observe_ghost_answer(plan, mp.end)
-        ends = mp.ends[:max(0, self.max_states - len(mp.intermediate))]
-        if ends and mp.end:
-            admit = self.end_usefulness.admit() if self.end_usefulness is not None else True
-            if self.end_admission is not None:
-                admit = self.end_admission(plan, full, mp.end)
-            if not admit:
-                self.stats.end_states_skipped += 1
-                ends = ()
-        positions = tuple(sorted(mp.intermediate + ends))
-        out: dict = {}
-        if positions:
-            attempts = [positions] + ([(mp.branch,)] if mp.branch and positions != (mp.branch,)
-                                      else [])
-            out = self._insert_first_fitting(plan, full, attempts)
-        self._after_request(plan, full)
         return out
 
     def process(self, input_tokens, full_tokens) -> int:
@@ -397,30 +309,8 @@ class PrefixCache:
         finally:
             tree.unlock(guard)
 
-    def _evict_to_capacity(self, keep) -> None:
-        """``evict_at="begin"``: evict until the tree fits, ``keep`` (the hit) locked alone.
-        As SGLang's lock does, the lock suspends ``keep``'s queue entry rather than dropping
-        it: unlocked, it is ranked as it was when last touched (with ``gdsf``, by the aging
-        clock of its hit, not the clock after the evictions it sat out)."""
-        tree = self.tree
-        if self.capacity is None or tree.bytes_used <= self.capacity:
-            return
-        if keep is not None:  # SGLang's lock: out of the ranking, its entry kept
-            keep.lock_ref += 1
-            tree.queue.suspend(keep)
-        try:
-            while tree.bytes_used > self.capacity and self._evict_one():
-                pass
-        finally:
-            if keep is not None:
-                keep.lock_ref -= 1
-                tree.queue.resume(keep)  # its place among ties and (gdsf) its aging base
-                tree.refresh(keep)
-
     def _evict_one(self) -> bool:
         kv_before = self.tree.num_kv_tokens
-        if self.renormalise and self.tree.queue.alpha:
-            self.tree.queue.refresh()
         if self.victim_chooser is not None:
             node = self.victim_chooser(self) if len(self.tree.queue) else None
             res = self.tree.evict_node(node) if node is not None else None

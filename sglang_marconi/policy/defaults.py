@@ -32,8 +32,7 @@ END_THRESHOLD = 0.05               # admit end states while their reuse rate is 
 # -- HiCache (a host tier) ----------------------------------------------------------------------
 HOST_RULE = "ranked"               # host victims by the two-tier rule (policy/host_tier.py); "lru": SGLang's
 
-# -- SGLang's mechanics the simulator mirrors ---------------------------------------------------
-INSERT_CLOCK_OFFSET = 0.5          # SGLang stamps an insert after the latest match
+# -- serve-sim's scheduler -----------------------------------------------------------------------
 SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight", "lof", "random")  # --schedule-policy
 SCHEDULE_POLICY = "fcfs"           # SGLang 0.5.23's default queue order (serve-sim's)
 

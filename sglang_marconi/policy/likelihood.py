@@ -13,7 +13,7 @@ Two online estimators, both from what the cache itself observes:
   edited turn would hit it: the rate falls towards 0); on document traffic that shares
   partial prefixes it is a chunk-boundary state SGLang took on a shared document, and later
   requests leave such paths at fresh points all the time. A fixed ``chain_weight``
-  replaces the learned one (the ablations in docs/beyond.md).
+  replaces the learned one.
 - ``ChainUsefulness``: among requests that share a prefix with a remembered sequence, the
   Beta(1, 1)-smoothed fraction that leave it in the middle of an edge of the ghost index (a
   point no earlier request branched at). The chain weight is that rate on a power-of-two

@@ -8,8 +8,8 @@ also reach its child's state. Admission is Marconi's plus the ghost index, with 
 end-of-request state kept only if a future request reaches it.
 
 Choosing what to keep under a byte budget when items have sizes and values is knapsack-like:
-this greedy rule is a heuristic, and ``exhaustive_best`` (tiny traces only) measures its gap
-to the true optimum over eviction choices. The eviction scan is O(candidates) per evicted
+this greedy rule is a heuristic (``tests/test_beyond.py`` measures its gap to the optimum
+over eviction choices on tiny traces). The eviction scan is O(candidates) per evicted
 node: a reference, not a product.
 """
 from __future__ import annotations
@@ -85,11 +85,8 @@ class OfflineChooser:
 
 
 def offline_cache(spec: CostModel, capacity, requests, grid: int = 1, max_states: int = 2,
-                  ghost_tokens: int | None = None, materialise=None) -> PrefixCache:
-    """A cache for ``requests`` (the whole trace, in order) that knows their future.
-    ``materialise`` (``admission.SGLangGrids``): only the states SGLang snapshots, as the
-    plugin is offered them (``PrefixCache``'s ``materialise``; ``grid`` is then the grids'),
-    the end-state candidates kept only if a future request reaches them."""
+                  ghost_tokens: int | None = None) -> PrefixCache:
+    """A cache for ``requests`` (the whole trace, in order) that knows their future."""
     future = FutureIndex([r.input_tokens for r in requests])
     chooser = OfflineChooser(future)
 
@@ -99,10 +96,7 @@ def offline_cache(spec: CostModel, capacity, requests, grid: int = 1, max_states
 
     # Skipped end states leave no KV behind, so branch points must come from the ghost index
     # (unbounded unless a budget is given).
-    sglang = {} if materialise is None else dict(grid=materialise.grid, branch_rule="kv",
-                                                 materialise=materialise)
-    cache = PrefixCache(spec, capacity, **{"grid": grid, **sglang},
-                        max_states_per_request=max_states,
+    cache = PrefixCache(spec, capacity, grid=grid, max_states_per_request=max_states,
                         ghost_tokens=ghost_tokens or 1 << 62, victim_chooser=None,
                         end_admission=admit_end)
 
@@ -112,40 +106,3 @@ def offline_cache(spec: CostModel, capacity, requests, grid: int = 1, max_states
 
     cache.victim_chooser = choose
     return cache
-
-
-def exhaustive_best(requests, make_cache, limit: int = 200_000) -> tuple[float, float, int]:
-    """(best, worst, runs): the most and least FLOPs any sequence of eviction choices saves
-    on ``requests`` (tiny traces only), and how many replays the search took.
-
-    Replays the trace once per sequence of choices, enumerating them depth first: each
-    replay follows a fixed prefix of choices (candidates sorted by node id) and records how
-    many candidates each further decision had."""
-    best, worst = 0.0, float("inf")
-    stack = [()]
-    runs = 0
-    while stack:
-        prefix = stack.pop()
-        runs += 1
-        if runs > limit:
-            raise RuntimeError("exhaustive search too large")
-        decisions: list[int] = []  # number of options at each decision of this run
-
-        def choose(cache, prefix=prefix, decisions=decisions):
-            options = sorted(cache.tree.candidates(), key=lambda n: n.id)
-            k = len(decisions)
-            decisions.append(len(options))
-            return options[prefix[k] if k < len(prefix) else 0]
-
-        cache = make_cache()
-        cache.victim_chooser = choose
-        for r in requests:
-            cache.process(r.input_tokens, r.full_tokens)
-        best = max(best, cache.stats.flops_saved)
-        worst = min(worst, cache.stats.flops_saved)
-        # branch on every decision beyond the fixed prefix
-        for k in range(len(prefix), len(decisions)):
-            base = prefix + (0,) * (k - len(prefix))
-            for choice in range(1, decisions[k]):
-                stack.append(base + (choice,))
-    return best, worst, runs

@@ -9,7 +9,7 @@ hashes into the sample go to them, with the capacity scaled by the same rate; pr
 span two first tokens, so this spatial sampling keeps each sampled prefix family whole.
 
 The bootstrap tuner (``alpha``) fits once; this keeps fitting, at the price of the shadows'
-bookkeeping, which ``scripts/bench_beyond.py`` measures against the real cache's.
+bookkeeping.
 """
 from __future__ import annotations
 

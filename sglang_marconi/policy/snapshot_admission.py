@@ -1,7 +1,6 @@
 """Which of the snapshots SGLang takes for one request the Marconi tree keeps.
 
-One home for the rule that the plugin (``sglang_integration/admission_plans.py``) and the
-simulator's model of the plugin inside SGLang (``policy/in_sglang.py``) both run.
+The rule the plugin (``sglang_integration/admission_plans.py``) runs, framework-free.
 
 SGLang 0.5.23 (extra_buffer) offers a request's states one at a time: the branch snapshot,
 one at every chunked-prefill boundary, the last prefill chunk's (``checkpoint_kv_cache``

@@ -40,7 +40,7 @@ def common_prefix_len(a: np.ndarray, b: np.ndarray) -> int:
 
 class Node:
     __slots__ = ("id", "parent", "children", "tokens", "prefix_len", "has_state",
-                 "last_access", "lock_ref", "hits", "max_children", "created", "hit_score",
+                 "last_access", "lock_ref", "hits", "max_children", "hit_score",
                  "last_hit", "__weakref__")
 
     def __init__(self, node_id: int, parent, tokens: np.ndarray, now: float):
@@ -54,7 +54,6 @@ class Node:
         self.lock_ref = 0
         self.hits = 0             # times a hit ended here (its state was consumed)
         self.max_children = 0     # the most children it ever had (>1: it was a branch point)
-        self.created = now
         self.hit_score = 0.0      # decayed hit count (``likelihood.ReuseWeight``)
         self.last_hit = now
 
@@ -166,10 +165,6 @@ class RadixTree:
         if node is self.root:
             return
         if self.is_candidate(node):
-            self.queue.update(node, node.last_access, self.efficiency(node))
-        elif self.queue.is_suspended(node) and self._evictable_shape(node):
-            # locked with its entry suspended (``PrefixCache._evict_to_capacity``): re-key
-            # what ``resume`` will restore
             self.queue.update(node, node.last_access, self.efficiency(node))
         else:
             self.queue.discard(node)

@@ -14,17 +14,13 @@ SGLang's process-global access-time counter (``harness.ab.OwnAccessClock``), as 
 is a server process of its own: marconi normalises recency by its range, which the other
 replicas' ticks would change.
 
-Belief gap (cache_aware, marconi, oracle): per request, the tokens the router believed the
-replica would reuse minus the tokens the replica really reused at the request's first
-admission. cache_aware: what its tree matched when it routed on that match (the cache-hit
-path; 0 on the load paths, where it claimed no reuse), converted from characters to whole
-tokens of the ``input_ids`` text; marconi and oracle: the reusable prefix they scored the
-chosen replica with (``serving/router_marconi.py``).
+Belief gap (cache_aware): per request, the tokens the router believed the replica would
+reuse minus the tokens the replica really reused at the request's first admission: what its
+tree matched when it routed on that match (the cache-hit path; 0 on the load paths, where it
+claimed no reuse), converted from characters to whole tokens of the ``input_ids`` text.
 
-The marconi and oracle routers also hear what a real router hears from a replica's
-responses: the first token (the request's prefill is done) and the complete response with
-its ``cached_tokens`` (the replica's hit). Both are delivered before routing the next
-request that arrives at or after them, in time order (ties: replica, then request id).
+A router that hears the replicas' responses subclasses ``Cluster`` (``listen``, ``decide``):
+the research routers under scripts/lib/marconi_routing do.
 """
 from __future__ import annotations
 
@@ -37,7 +33,6 @@ from sglang_marconi.harness.ab import ABConfig, OwnAccessClock, make_cache
 from sglang_marconi.serving.arrivals import arrivals_for_load, arrivals_scaled, decode_batch
 from sglang_marconi.serving.metrics import request_stats
 from sglang_marconi.serving.router import make_router, text_for_input_ids, tokens_within_chars
-from sglang_marconi.serving.router_marconi import COST_ROUTERS, make_cost_router
 from sglang_marconi.serving.scheduler import ServerCrash, ServingScheduler
 
 
@@ -71,30 +66,19 @@ class Cluster:
         self.open[k] -= ended
         return len(self.open[k])
 
-    def report(self, t: float) -> None:
-        """Tell a router that listens (marconi, oracle) the first tokens and complete
-        responses of the requests still open at ``t``, in time order."""
-        if not hasattr(self.router, "complete"):
-            return
-        events = []
-        for k, sched in enumerate(self.replicas):
-            outputs = sched.outputs
-            for rid in self.open[k]:
-                rec = sched.records.get(rid)
-                if rec is None:
-                    continue
-                if rec.ended is not None and rec.ended <= t:
-                    events.append((rec.ended, k, rid, 1, rec.hit_len, outputs.get(rid, ())))
-                elif (rec.first_token is not None and rec.first_token <= t
-                      and rid not in self.prefilled):
-                    events.append((rec.first_token, k, rid, 0, None, ()))
-        for _, _, rid, kind, hit, outputs in sorted(events, key=lambda e: e[:4]):
-            if kind:
-                self.router.complete(rid, hit, outputs)
-                self.prefilled.discard(rid)
-            else:
-                self.router.prefill_done(rid)
-                self.prefilled.add(rid)
+    def listen(self, t: float) -> None:
+        """What the router hears from the replicas before it routes at ``t``: nothing
+        (sglang-router's policies see only the in-flight counts)."""
+
+    def decide(self, rr, loads) -> tuple:
+        """(the router's ``Decision`` for ``rr``, the tokens it believed the chosen replica
+        would reuse; None: it keeps no tree)."""
+        decision = self.router.route(text_for_input_ids(rr.input_ids), loads)
+        believed = None
+        if self.router.name == "cache_aware":
+            believed = (tokens_within_chars(rr.input_ids, decision.matched_chars)
+                        if decision.rule == "cache_hit" else 0)
+        return decision, believed
 
     def advance(self, t: float) -> None:
         """Run every replica's steps that start before ``t``."""
@@ -105,16 +89,9 @@ class Cluster:
 
     def route(self, t: float, rr) -> Routed:
         self.router.tick(t)
-        self.report(t)
+        self.listen(t)
         loads = [self.in_flight(k, t) for k in range(len(self.replicas))]
-        if hasattr(self.router, "route_request"):
-            decision = self.router.route_request(rr.rid, rr.input_ids, loads)
-        else:
-            decision = self.router.route(text_for_input_ids(rr.input_ids), loads)
-        believed = decision.believed_tokens
-        if self.router.name == "cache_aware":
-            believed = (tokens_within_chars(rr.input_ids, decision.matched_chars)
-                        if decision.rule == "cache_hit" else 0)
+        decision, believed = self.decide(rr, loads)
         routed = Routed(decision.worker, decision.rule, believed)
         self.routed[rr.rid] = routed
         self.sent[decision.worker].append(rr.rid)
@@ -164,36 +141,22 @@ def cluster_arrivals(setup, requests, replicas: int, load, rate_scale):
                              setup.seed, batch, setup.pools.chunked_prefill_size)
 
 
-def build_cluster(cache_name: str, router_name: str, setup, replicas: int,
-                  router_options: Optional[dict] = None) -> Cluster:
+def replica_schedulers(cache_name: str, setup, replicas: int) -> list:
+    """One ``ServingScheduler`` per replica, each with fresh pools and cache ``cache_name``."""
     scheds = []
     for _ in range(replicas):
-        cache, _, _ = make_cache(replica_cache(cache_name, router_name),
-                                 ABConfig(pools=setup.pools, spec=setup.spec,
-                                          settings=setup.settings, unified=setup.unified))
+        cache, _, _ = make_cache(cache_name, ABConfig(pools=setup.pools, spec=setup.spec,
+                                                      settings=setup.settings,
+                                                      unified=setup.unified))
         scheds.append(ServingScheduler(cache, setup.time_model, setup.sched, [], []))
+    return scheds
+
+
+def build_cluster(cache_name: str, router_name: str, setup, replicas: int,
+                  router_options: Optional[dict] = None) -> Cluster:
     workers = [f"replica-{k}" for k in range(replicas)]
-    if router_name in COST_ROUTERS:
-        router = make_cost_router(router_name, workers, setup.spec, pools=setup.pools,
-                                  caches=[s.cache for s in scheds],
-                                  admission=replica_admission(cache_name),
-                                  **(router_options or {}))
-    else:
-        router = make_router(router_name, workers, seed=setup.seed, **(router_options or {}))
-    return Cluster(scheds, router)
-
-
-def replica_admission(cache_name: str) -> str:
-    """The admission rule the marconi router models for the replicas' cache (a router is
-    configured with the policy its workers run): learned end-state admission for marconi
-    (and its alias marconi+), SGLang's for stock and the paper's rule."""
-    return "marconi+" if cache_name in ("marconi", "marconi+") else "sglang"
-
-
-def replica_cache(cache_name: str, router_name: str) -> str:
-    """The oracle walks the python tree core: stock replicas behind it run stock-python
-    (the same cache on SGLang's python core, hit for hit)."""
-    return "stock-python" if router_name == "oracle" and cache_name == "stock" else cache_name
+    router = make_router(router_name, workers, seed=setup.seed, **(router_options or {}))
+    return Cluster(replica_schedulers(cache_name, setup, replicas), router)
 
 
 def summarize_cluster(cluster: Cluster, spec, cache: str, router: str, load,
@@ -225,9 +188,6 @@ def summarize_cluster(cluster: Cluster, spec, cache: str, router: str, load,
         "belief_gap_tokens": gap,
         "belief_gap_fraction": None if gap is None or not inp else gap / inp,
         "router_evictions": getattr(cluster.router, "evictions", 0),
-        "router_corrections": getattr(cluster.router, "corrections", None),
-        "replica_cache": replica_cache(cache, router),
-        "router_admission": getattr(cluster.router, "admission", None),
         "gpu_busy_fraction": sum(s.gpu_s for sched in cluster.replicas for s in sched.steps
                                  if s.kind != "idle") / (span * len(cluster.replicas)),
         "retractions": sum(s.retractions for s in cluster.replicas),

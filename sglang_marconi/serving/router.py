@@ -42,9 +42,8 @@ import numpy as np
 from sglang_marconi.errors import UserError
 from sglang_marconi.serving.router_tree import CharTree
 
-ROUTERS = ("cache_aware", "round_robin", "random", "dp_round_robin", "marconi", "oracle")
-# the last two: serving/router_marconi.py (built by serving.cluster: they need the replicas'
-# sizes/caches); dp_round_robin: SGLang's own DP controller (``--dp-size N``), not the router
+ROUTERS = ("cache_aware", "round_robin", "random", "dp_round_robin")
+# dp_round_robin: SGLang's own DP controller (``--dp-size N``), not the router
 
 
 def text_for_input_ids(input_ids: Sequence[int]) -> str:
@@ -69,11 +68,11 @@ def tokens_within_chars(input_ids: Sequence[int], chars: int) -> int:
 class Decision:
     """One routing decision: the worker index, which rule chose it, the tree's belief."""
     worker: int
-    rule: str   # "balance" | "cache_hit" | "min_load" | "round_robin" | "random" | "flops_hit" | "flops_load"
+    rule: str   # "balance" | "cache_hit" | "min_load" | "round_robin" | "random" | ...
     matched_chars: int = 0
     input_chars: int = 0
     ambiguous: bool = False       # a cache hit whose tenant was a hash-order pick (router_tree)
-    believed_tokens: Optional[int] = None   # tokens it expected the worker to reuse (marconi, oracle)
+    believed_tokens: Optional[int] = None   # tokens it expected the worker to reuse
 
 
 def f32(x) -> np.float32:
@@ -215,8 +214,8 @@ class DataParallelRoundRobin(RoundRobinRouter):
 
 
 def make_router(name: str, workers: Sequence[str], seed: int = 0, **cache_aware_options):
-    """cache_aware, round_robin or random for ``workers`` (cache_aware takes the threshold
-    options)."""
+    """cache_aware, round_robin, random or dp_round_robin for ``workers`` (cache_aware takes
+    the threshold options)."""
     if name == "cache_aware":
         return CacheAwareRouter(workers, **cache_aware_options)
     if name == "round_robin":
@@ -225,7 +224,4 @@ def make_router(name: str, workers: Sequence[str], seed: int = 0, **cache_aware_
         return RandomRouter(workers, seed)
     if name == "dp_round_robin":
         return DataParallelRoundRobin(workers)
-    if name in ROUTERS:
-        raise ValueError(f"router {name} needs the replicas: serving.cluster.build_cluster "
-                         "builds it (serving/router_marconi.py)")
     raise UserError(f"--router: unknown router {name!r} (choose from {', '.join(ROUTERS)})")

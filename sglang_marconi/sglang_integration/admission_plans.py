@@ -2,8 +2,7 @@
 
 A match (``on_match``) plans which of the request's states the tree will keep; the MAMBA
 component asks ``admit_intermediate`` / ``admit_final`` when SGLang inserts one, and the
-rule that answers is the policy package's (``policy.snapshot_admission``, which the
-simulator's model of the plugin, ``policy.in_sglang``, runs too). The plan lives on the
+rule that answers is the policy package's (``policy.snapshot_admission``). The plan lives on the
 request object itself (``req.marconi_plan``), never in a table of the cache: a request that
 SGLang drops without releasing its KV (aborted while waiting: ``scheduler.abort_request``
 pops it from the waiting queue, and ``release_kv_cache`` returns before ``on_release``

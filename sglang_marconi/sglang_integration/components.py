@@ -37,9 +37,7 @@ re-keys a state only when its reuse weight moved. The min-max bounds of
 the normalisation are refreshed over the current candidates at the start of every walk
 (the paper's rule) while a queue holds at most ``MarconiSettings.renormalise_limit``
 candidates (1024: a bounded pass of simple arithmetic, no tree walks), and the
-simulator's amortised way above that, so an eviction costs O(log n) at any size. With the
-per-walk rule ``tests/test_parity.py`` checks that the simulator (``renormalise=True``)
-and this cache evict the same states.
+simulator's amortised way above that, so an eviction costs O(log n) at any size.
 
 FLOP efficiency (``scoring.flop_efficiency``) = FLOPs a hit at the node saves over a hit
 at its nearest ancestor that still holds a state, per byte freed *in the pool being

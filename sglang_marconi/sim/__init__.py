@@ -1,2 +1,2 @@
-"""The trace-driven simulator: traces and generators, policy names, the replay runner, the
-TTFT model and plots. It drives ``sglang_marconi.policy`` exactly as the SGLang cache does."""
+"""The paper's planning simulator (``sim --paper``): traces and generators, policy names, the
+replay runner, the TTFT model and plots, on ``sglang_marconi.policy``'s ``PrefixCache``."""

@@ -23,7 +23,7 @@ Timing: a turn arrives after the previous turn's response (output tokens at
   stale documents and keeps the hot prompts. ``steady`` phase: a fixed set of long
   documents reused throughout, between one-off prompts; there LRU lets the one-off prompts
   push the documents out and FLOP-aware eviction keeps them. Phases: scan, steady, scan.
-  Measured (paper-7b, 2 GB, seed 0; ``tests/test_beyond.py``, ``docs/beyond.md``): alpha 0
+  Measured (paper-7b, 2 GB, seed 0; ``tests/test_beyond.py``): alpha 0
   saves >= 1.29x the FLOPs of every alpha in {0.5, 1, 2, 4} in each scan phase, alpha 4
   1.29x those of alpha 0 in the steady phase. Reading each document twice or more
   (``doc_reads``) gives it a branch state, whose FLOP efficiency (FLOPs over the state

@@ -1,5 +1,5 @@
-"""Number formatters and markdown tables shared by every report (docs/results.md,
-docs/beyond.md): one copy, so the same number reads the same everywhere."""
+"""Number formatters and markdown tables shared by every report (docs/results.md, the
+benchmark scripts' tables): one copy, so the same number reads the same everywhere."""
 from __future__ import annotations
 
 import math

@@ -41,7 +41,7 @@ from sglang_marconi.driver.pools import PoolConfig
 from sglang_marconi.driver.replay import Replayer, ReplayRequest
 from sglang_marconi.harness.ab import (ABConfig, OwnAccessClock, instrument, make_cache,
                                        to_replay_requests)
-from sglang_marconi.harness.timing import CallTimer, EvictTimer, quantile
+from sglang_marconi.harness.timing import CallTimer, quantile
 from sglang_marconi.model import preset_spec
 from sglang_marconi.policy.cache import PrefixCache
 from sglang_marconi.sglang_integration.options import MarconiSettings
@@ -57,6 +57,29 @@ REQ_LEN = 130      # scaling requests: 130 prompt tokens (state at 128), one out
 # -- helpers ---------------------------------------------------------------------------------
 def _base(name: str) -> str:
     return "marconi" if name.startswith("marconi") else name
+
+
+class EvictTimer:
+    """Wraps a cache's ``_evict``: calls, seconds inside, states and tokens freed."""
+
+    def __init__(self, cache):
+        self.calls = 0
+        self.seconds = []
+        self.states = 0
+        self.tokens = 0
+        inner = cache._evict
+
+        def timed(params, *args, **kwargs):
+            t0 = time.perf_counter()
+            result = inner(params, *args, **kwargs)
+            self.seconds.append(time.perf_counter() - t0)
+            self.calls += 1
+            self.states += result.mamba_num_evicted
+            self.tokens += result.num_tokens_evicted
+            return result
+
+        cache._evict = timed
+
 
 
 def _settings(name: str, alpha: float):

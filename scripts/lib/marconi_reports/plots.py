@@ -1,6 +1,5 @@
-"""The PNG plots of the reports (matplotlib, Agg): ``write_plots`` for the results report (the
-paper's Figs. 7-10 and 12 side by side with ours, a capacity sweep per model) and
-``write_beyond_plot`` for the beyond report (FLOPs saved per policy on the Mooncake trace)."""
+"""The PNG plots of the results report (matplotlib, Agg): ``write_plots``, the paper's
+Figs. 7-10 and 12 side by side with ours and a capacity sweep per model."""
 from __future__ import annotations
 
 import math
@@ -8,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 
-from marconi_reports import beyond
 from marconi_reports.formatting import gb, slug
 from marconi_reports.reproduce import FAMILY_ORDER, PAPER, POLICIES, families
 from sglang_marconi.sim.runner import LONG_REQUEST
@@ -184,32 +182,6 @@ def write_plots(sweep: dict, an: dict, img: Path) -> list:
 
 
 def _save(fig, path, plt):
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def write_beyond_plot(an: dict, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4))
-    caps = list(beyond.MOONCAKE_CAPS)
-    x = np.arange(len(caps))
-    width = 0.8 / len(beyond.MAIN_POLICIES)
-    for i, p in enumerate(beyond.MAIN_POLICIES):
-        vals = [100 * next(r["flops_fraction"] for r in an["mooncake"]
-                           if r["capacity"] == c and r["policy"] == p) for c in caps]
-        ax.bar(x + (i - (len(beyond.MAIN_POLICIES) - 1) / 2) * width, vals, width, label=p)
-    ax.set_xticks(x)
-    ax.set_xticklabels([gb(c) for c in caps])
-    ax.set_ylabel("prefill FLOPs saved (%)")
-    ax.set_title("Mooncake trace, paper-7b (infinite: unlimited capacity)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

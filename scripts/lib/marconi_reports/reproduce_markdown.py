@@ -115,9 +115,8 @@ def write_markdown(sweep: dict, an: dict, path: Path, img_rel: str, command: str
         "baselines: `vllm+` (a state every block) and `paper-sglang+` (Marconi admission with "
         "LRU eviction; the paper's SGLang+). Neither is what stock SGLang keeps as a server "
         "runs it (a state at every chunked-prefill boundary, SGLang's branch rule, decode "
-        "snapshots): the simulator has that as `sglang` (its hits equal `ab`'s stock SGLang "
-        "cache request for request: `scripts/bench_baseline_agreement.py`), and docs/beyond.md "
-        "and README state marconi's gains against it.\n")
+        "snapshots): `sim` without `--paper` runs SGLang's own cache objects for that, and "
+        "README states marconi's gains against it.\n")
     # setup
     add("## Setup\n")
     add("Models:\n")

@@ -1,4 +1,4 @@
-"""Sweep machinery for ``scripts/reproduce.py`` and ``scripts/bench_beyond.py``.
+"""Sweep machinery for ``scripts/reproduce.py`` (the paper's planning simulator).
 
 - ``WorkloadRef``: a replayable workload by value (a generator with parameters, or a trace
   file), so sweep tasks can be sent to worker processes and traces built once per process.
@@ -32,7 +32,6 @@ from tqdm import tqdm
 from sglang_marconi.model.layers import AttentionLayer, MLPLayer, SSMLayer
 from sglang_marconi.model.presets import PAPER_D, PAPER_N, preset_spec
 from sglang_marconi.model.spec import HybridModelSpec, dtype_bytes
-from sglang_marconi.policy.stock import StockSGLangCache
 from sglang_marconi.sim.generators import generate
 from sglang_marconi.sim.latency import LatencyModel
 from sglang_marconi.sim.policies import build_cache, parse_policy
@@ -182,14 +181,6 @@ class Task:
         return (self.model, self.workload.label, self.capacity, self.policy, self.tag)
 
 
-def _held(cache) -> tuple:
-    """(states, KV tokens, bytes) the cache holds at the end: the policy core's tree, or
-    the faithful stock baseline's (``policy.stock``, which keeps its own tree)."""
-    if isinstance(cache, StockSGLangCache):
-        return cache.tree_states, cache.tree_kv_tokens, cache.tree_bytes
-    return cache.tree.num_states, cache.tree.num_kv_tokens, cache.tree.bytes_used
-
-
 def run_config(task: Task, latency: LatencyModel | None = None) -> dict:
     """Replay one configuration: the runner's ``summarize`` metrics plus extras."""
     latency = latency or LatencyModel()
@@ -204,7 +195,8 @@ def run_config(task: Task, latency: LatencyModel | None = None) -> dict:
         hits[i] = cache.process(r.input_tokens, r.full_tokens)
     wall = time.perf_counter() - start
     out = summarize(cache, trace, hits, spec, latency, wall)
-    states, kv_tokens, held = _held(cache)
+    tree = cache.tree
+    states, kv_tokens, held = tree.num_states, tree.num_kv_tokens, tree.bytes_used
     out.update(
         model=task.model, workload=task.workload.label, family=task.workload.family,
         rate=task.workload.rate, capacity=task.capacity, policy=task.policy, tag=task.tag,

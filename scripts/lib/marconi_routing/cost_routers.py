@@ -1,4 +1,4 @@
-"""The ``marconi`` and ``oracle`` routers of ``serve-sim --replicas N`` (issue 21, part 2).
+"""The ``marconi`` and ``oracle`` routers: replicas behind a router that scores prefill FLOPs.
 
 Both score each replica by the prefill FLOPs a request would save there minus a load
 penalty, and keep cache_aware's balance guard (same rule, same thresholds:
@@ -41,13 +41,13 @@ replica's KV tokens, and the blocks at whose end it believes the replica holds a
 (an LRU bounded by the replica's state slots). The reusable prefix is the deepest believed
 state on the matched path (the match key capped at input - 1 tokens, as SGLang's is).
 Beliefs come from the replica's admission rule, stock SGLang's (extra_buffer,
-``policy.admission.plan_sglang_checkpoints``): chunk-end snapshots, the branch point where
+``replica_admission.plan_sglang_checkpoints``): chunk-end snapshots, the branch point where
 the request leaves what the router sent there before (KV match floored to the grid,
 ``sglang_branch_point``), the end of the prefill and the last decode-track snapshot. They
 are added when the response is complete, from the ``cached_tokens`` it reports: states the
 router believed beyond what the replica reused are dropped (evicted there), the state it did
 reuse is added, and the plan is made from the real hit. marconi+ replicas keep a subset of
-those states (docs/beyond.md); the feedback corrects the rest.
+those states; the feedback corrects the rest.
 
 ``oracle`` (``OracleRouter``) asks every replica's real cache how many tokens a match would
 reuse, by a read-only walk over the tree core's nodes (``readonly_match``): SGLang's
@@ -63,10 +63,10 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
+from marconi_routing.replica_admission import (SGLangGrids, plan_marconi_in_sglang,
+                                               plan_sglang_checkpoints, sglang_branch_point,
+                                               sglang_grid, sglang_track_grid)
 from sglang_marconi.errors import UserError
-from sglang_marconi.policy.admission import (SGLangGrids, plan_marconi_in_sglang,
-                                             plan_sglang_checkpoints, sglang_branch_point,
-                                             sglang_grid, sglang_track_grid)
 from sglang_marconi.serving.router import CacheAwareRouter, Decision, first_min
 
 COST_ROUTERS = ("marconi", "oracle")
