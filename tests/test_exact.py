@@ -207,3 +207,28 @@ def test_live_int8_summary_line(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "FAIL qwen3_next extra_buffer-marconi-int8: int8 audit: 8 loads ..."
     assert lines[1].startswith("FAIL int8 checkpoints")
+
+
+def test_live_spec_summary_line(capsys):
+    """``verify-exact --live``'s speculative decoding line, from the NGRAM configuration's
+    per-request comparisons."""
+    from types import SimpleNamespace
+
+    from sglang_marconi.cli.verify_exact import print_spec
+
+    live = SimpleNamespace(SPEC="extra_buffer_ngram", config_id="-".join,
+                           identical_tokens=lambda reqs: (sum(r["positions"] for r in reqs),
+                                                          sum(r["length"] for r in reqs)))
+    res = {"configs": {"extra_buffer_ngram-marconi": {
+        "problems": [], "max_rel": 6.3e-6,
+        "requests": [{"positions": 140, "length": 140}, {"positions": 8, "length": 8}]}}}
+    print_spec("qwen3_next", res, live, 1e-4)
+    assert capsys.readouterr().out.strip() == (
+        "PASS speculative decoding (qwen3_next, NGRAM, extra_buffer_ngram, marconi): 148 of "
+        "148 greedy tokens identical to the uncached server's, max rel diff 6.30e-06 "
+        "(tolerance 1e-04)")
+    res["configs"]["extra_buffer_ngram-marconi"]["problems"] = ["x"]
+    print_spec("qwen3_next", res, live, 1e-4)
+    assert capsys.readouterr().out.startswith("FAIL speculative decoding")
+    print_spec("qwen3_next", {"configs": {}}, live, 1e-4)
+    assert capsys.readouterr().out == ""

@@ -149,8 +149,21 @@ def print_live(result: dict, exact_live) -> None:
               f"stock no_buffer): max rel diff of resumed requests "
               f"{neg['max_rel_resumed']:.2e} = {neg['max_rel_resumed'] / result['rel_tol']:.0f}x "
               f"the tolerance ({'breaks it' if neg['breaks_tolerance'] else 'DOES NOT break it'})")
+        print_spec(model, res, exact_live, result["rel_tol"])
         print_int8(model, res["int8"], result["int8_rel_tol"])
     print("PASS" if result["passed"] else "FAIL")
+
+
+def print_spec(model: str, res: dict, exact_live, tol: float) -> None:
+    """The speculative decoding scenario (NGRAM drafts verified by the real forward): one
+    PASS / FAIL line of figures."""
+    r = res["configs"].get(exact_live.config_id((exact_live.SPEC, "marconi")))
+    if r is None:
+        return
+    same, total = exact_live.identical_tokens(r["requests"])
+    print(f"{'FAIL' if r['problems'] else 'PASS'} speculative decoding ({model}, NGRAM, "
+          f"{exact_live.SPEC}, marconi): {same} of {total} greedy tokens identical to the "
+          f"uncached server's, max rel diff {r['max_rel']:.2e} (tolerance {tol:.0e})")
 
 
 def print_int8(model: str, res: dict, tol: float) -> None:
