@@ -89,15 +89,13 @@ class MarconiUnifiedRadixCache(UnifiedRadixCache):
             kv_tokens=params.token_to_kv_pool_allocator.size,
             state_slots=(ckpt.num_slots if ckpt is not None
                          else params.req_to_token_pool.mamba_pool.size),
-            extra_buffer=params.enable_mamba_extra_buffer)
+            owner=self, extra_buffer=params.enable_mamba_extra_buffer)
         self._busy = 0  # re-entrancy of the timed calls (a match may evict)
+        self.marconi_exporter = None
         super().__init__(params)
-        self.marconi.rekey = self._rekey
-        self.marconi.rekey_chains = self._rekey_chains
-        self.marconi.host_write_policy = self._host_write_policy
-        self.marconi.exporter = make_exporter(self)
-        if self.marconi.exporter is not None:
-            self.marconi.exporter.set_alpha(self.marconi.alpha)
+        self.marconi_exporter = make_exporter(self)  # SGLang's collector exists from here
+        if self.marconi_exporter is not None:
+            self.marconi_exporter.set_alpha(self.marconi.alpha)
         logger.info("Marconi cache: spec=%s policy=%s max_states_per_request=%s "
                     "memory=%s%s", spec.name, self.marconi.settings.policy_name,
                     self.marconi.settings.max_states_per_request,
@@ -112,11 +110,12 @@ class MarconiUnifiedRadixCache(UnifiedRadixCache):
         for ct in (ComponentType.MAMBA, ComponentType.FULL):
             self.components[ct].reset_queue()
 
-    def _rekey(self, node) -> None:
+    def rekey(self, node) -> None:
+        """Re-key ``node`` in both victim queues (its weight or state changed)."""
         for ct in (ComponentType.MAMBA, ComponentType.FULL):
             self.components[ct].track(node)
 
-    def _rekey_chains(self, is_chain) -> None:
+    def rekey_chains(self, is_chain) -> None:
         """Re-key the chain nodes both victim queues hold (a FULL queue leaf is a chain
         node when its one child lives on the host tier only)."""
         for ct in (ComponentType.MAMBA, ComponentType.FULL):
@@ -127,7 +126,7 @@ class MarconiUnifiedRadixCache(UnifiedRadixCache):
                 if is_chain(node):
                     comp.track(node)
 
-    def _host_write_policy(self):
+    def host_write_policy(self):
         """(is_write_back, write_through_threshold) of the host tier, None without one."""
         if not self.tree_core.enable_hicache:
             return None

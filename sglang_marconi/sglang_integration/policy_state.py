@@ -59,17 +59,17 @@ class MarconiPolicyState(AdmissionPlans):
     log_every = LOG_EVERY
 
     def __init__(self, settings: MarconiSettings, spec, grid: int, kv_tokens: int,
-                 state_slots: int, extra_buffer: bool = False):
+                 state_slots: int, owner, extra_buffer: bool = False):
         self.settings = settings
         self.spec = spec
         self.grid = max(1, grid)
         self.max_states = (NO_CAP if settings.max_states_per_request < 0
                            else settings.max_states_per_request)
         self.stats = MarconiStats()
-        self.exporter = None
+        # the cache: re-keys nodes in its victim queues (``rekey``, ``rekey_chains``), knows
+        # SGLang's host write policy (``host_write_policy``) and its metrics exporter
+        self.owner = owner
         self._init_plans()
-        self.rekey = None  # callable(node): re-key a node in both victim queues (the cache)
-        self.rekey_chains = None  # callable(is_chain): re-key the chain states (the cache)
         self.clock = 0  # request clock: ticks once per request match (state recency)
         self.extra_buffer = extra_buffer
         # the ranking (``policy.rankings``): the product's reuse-weighted one, or the
@@ -129,8 +129,7 @@ class MarconiPolicyState(AdmissionPlans):
     def chain_weight_moved(self) -> None:
         """marconi+: the learned chain weight moved: re-key the chain states (queued or
         suspended while locked) with it."""
-        if self.rekey_chains is not None:
-            self.rekey_chains(self.reuse.is_chain)
+        self.owner.rekey_chains(self.reuse.is_chain)
 
     def matched(self, node) -> None:
         """The match walk under way ends at ``node``, which holds a state."""
@@ -142,8 +141,8 @@ class MarconiPolicyState(AdmissionPlans):
         round (and ``touch_prefix`` matches without one), which must not count as reuse.
         The node was locked by the request until then, so the weight it ranks by after
         the unlock is the one a count at match time would have given."""
-        if self.ranking.record_hit(node, self.clock) and self.rekey is not None:
-            self.rekey(node)
+        if self.ranking.record_hit(node, self.clock):
+            self.owner.rekey(node)
 
     def forget_hits(self, node) -> None:
         """marconi+: ``node`` lost its state but stays in the tree (a tombstone). Its hit
@@ -176,17 +175,19 @@ class MarconiPolicyState(AdmissionPlans):
         alpha 0, where the utility is LRU)."""
         return self.ranking.host_mode(self.settings.host_rule)
 
-    # callable: SGLang's host write policy as (is_write_back, write_through_threshold), or
-    # None without a host tier (set by the cache: SGLang attaches HiCache after __init__)
-    host_write_policy = None
+    @property
+    def exporter(self):
+        """The cache's Prometheus exporter (``stats.make_exporter``), None without
+        ``--enable-metrics``."""
+        return self.owner.marconi_exporter
 
     def keeps_tail_for_backup(self) -> bool:
         """The admission half of the two-tier rule (``host_tier.tail_counts_toward_backup``):
         under a host tier that backs nodes up on a later insert, marconi+ admits the end
         states its learned usefulness would refuse. Off with ``--marconi-host-rule lru``."""
-        if self.host_mode is None or self.host_write_policy is None:
+        if self.host_mode is None:
             return False
-        policy = self.host_write_policy()
+        policy = self.owner.host_write_policy()
         return policy is not None and tail_counts_toward_backup(*policy)
 
     def _host_efficiency(self, node, held_bytes: float) -> float:
