@@ -66,8 +66,7 @@ class MarconiPolicyState(AdmissionPlans):
         self.max_states = (NO_CAP if settings.max_states_per_request < 0
                            else settings.max_states_per_request)
         self.stats = MarconiStats()
-        # the cache: re-keys nodes in its victim queues (``rekey``, ``rekey_chains``), knows
-        # SGLang's host write policy (``host_write_policy``) and its metrics exporter
+        # the cache: re-keys its victim queues, knows the host write policy and the exporter
         self.owner = owner
         self._init_plans()
         self.clock = 0  # request clock: ticks once per request match (state recency)
@@ -177,8 +176,7 @@ class MarconiPolicyState(AdmissionPlans):
 
     @property
     def exporter(self):
-        """The cache's Prometheus exporter (``stats.make_exporter``), None without
-        ``--enable-metrics``."""
+        """The cache's Prometheus exporter, None without ``--enable-metrics``."""
         return self.owner.marconi_exporter
 
     def keeps_tail_for_backup(self) -> bool:

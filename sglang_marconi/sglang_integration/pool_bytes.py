@@ -30,9 +30,7 @@ def state_bytes_per_slot(mamba_pool):
 def checkpoint_bytes_per_slot(ckpt_pool):
     """Bytes of one slot of SGLang's int8 checkpoint pool (``MambaCheckpointPool``: int8
     temporal values, their scales, the conv windows; slot 0 reserved), or None."""
-    if ckpt_pool is None:
-        return None
-    return ckpt_pool.mem_usage_bytes() // (ckpt_pool.num_slots + 1)
+    return None if ckpt_pool is None else ckpt_pool.mem_usage_bytes() // (ckpt_pool.num_slots + 1)
 
 
 def kv_bytes_per_token(kv_pool):
