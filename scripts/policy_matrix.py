@@ -4,8 +4,9 @@ settings, through the Python API) on 48 cells of traffic, judged by the worst ce
 Cells (``marconi_matrix.cells``): 8 traces (the bundled Mooncake trace's first 2,000
 requests, the generators chat, agent, shared-prompt, fork-join, drift, alpha-shift, and
 the Mooncake-format multi-turn generator with long contexts) x 6 (Qwen3-Next and
-Nemotron-H with the bytes SGLang's pools hold; static split and unified memory; 5%, 15%
-and 40% of the trace's never-evicting footprint), each through SGLang's own cache objects
+Nemotron-H with the bytes SGLang's pools hold; static split and unified memory; the
+memory at which stock saves 25%, 50% or 75% of what a never-evicting cache saves, found
+with stock alone and kept in ``--sizes``), each through SGLang's own cache objects
 (``ab``). Development seeds 0,1,2; the accepted figures use 100,101,102.
 
 Prints every cell (marconi / stock FLOPs saved, whether the cache binds: stock evicts at
@@ -39,6 +40,7 @@ from sglang_marconi.errors import UserError  # noqa: E402
 from sglang_marconi.sglang_integration.options import MarconiSettings  # noqa: E402
 
 BUNDLED = ROOT.parent / "shared" / "traces" / "mooncake" / "synthetic_trace.jsonl"
+RESULTS = ROOT / "results" / "policy_matrix"
 MIN_HITS = 100  # the acceptance rule's cells: stock has at least this many hit requests
 
 
@@ -78,8 +80,9 @@ def describe(rows, name="marconi") -> dict:
 
 def cell_line(row, names) -> str:
     s = row["columns"]["stock"]
-    parts = [f"{row['name']:42s}", f"{row['size_fraction']:5.0%}",
+    parts = [f"{row['name']:42s}", f"{row['cache_gb']:7.1f} GiB",
              "binds" if mc.binds(row) else "  -  ", f"{s['hit_requests']:5d}",
+             f"stock/ceiling {s['flops_saved_fraction'] / row['ceiling']:4.0%}",
              f"{s['flops_saved_fraction']:7.2%}", f"{row['ceiling']:7.2%}"]
     for n in names:
         r, g = mc.ratio(row, n), mc.gap_closed(row, n)
@@ -96,7 +99,9 @@ def main(argv=None) -> int:
     ap.add_argument("--candidate", action="append", metavar="NAME=JSON",
                     help="a candidate's MarconiSettings fields, e.g. "
                          "no-ghost='{\"ghost_factor\": 0}'")
-    ap.add_argument("--out", default=str(ROOT / "results" / "policy_matrix"))
+    ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--sizes", default=str(RESULTS / "sizes.json"),
+                    help="the calibrated cell sizes (stock alone), read and extended")
     ap.add_argument("--limit-cells", type=int, default=None, help="the first N cells only")
     ap.add_argument("--bundled", default=str(BUNDLED))
     args = ap.parse_args(argv)
@@ -117,6 +122,10 @@ def main(argv=None) -> int:
                             text=True, cwd=ROOT).stdout.strip() or "?"
     names = ["marconi", *candidates]
     built, fps, rows = {}, {}, []
+    sizes_path = Path(args.sizes)
+    sizes_path.parent.mkdir(parents=True, exist_ok=True)
+    sizes = (json.loads(sizes_path.read_text(encoding="utf-8")) if sizes_path.exists()
+             else {})
     t0 = time.time()
     with open(out / "cells.jsonl", "w", encoding="utf-8") as fh:
         for cell in tqdm(todo, desc="cells", unit="cell", disable=not sys.stderr.isatty()):
@@ -126,7 +135,12 @@ def main(argv=None) -> int:
             trace = built[key]
             if (key, cell.model) not in fps:
                 fps[(key, cell.model)] = mc.footprint(trace, cell.model)
-            row = mc.run_cell(cell, trace, fps[(key, cell.model)], candidates)
+            fp = fps[(key, cell.model)]
+            if cell.name not in sizes:
+                sizes[cell.name] = mc.calibrate(cell, trace, fp)
+                sizes_path.write_text(json.dumps(sizes, indent=1, sort_keys=True) + "\n",
+                                      encoding="utf-8")
+            row = mc.run_cell(cell, trace, fp, sizes[cell.name], candidates)
             rows.append(row)
             fh.write(json.dumps(row) + "\n")
             fh.flush()

@@ -41,7 +41,7 @@ def test_cells_cover_every_trace_model_mode_and_size():
         mine = [c for c in cells if c.trace == trace]
         assert {c.model for c in mine} == {"qwen3_next", "nemotron_h"}
         assert {c.memory for c in mine} == {"static", "unified"}
-        assert {c.fraction for c in mine} == {0.05, 0.15, 0.40}
+        assert {c.target for c in mine} == {0.25, 0.50, 0.75}
         assert {c.seed for c in mine} == ({0} if trace == "bundled" else {0, 1, 2})
 
 
@@ -69,11 +69,29 @@ def test_one_small_cell_runs_through_ab():
 
     trace = generate("fork-join", seed=0, programs=25)
     fp = mc.footprint(trace, "qwen3_next")
-    assert fp["bytes"] > 0 and 0 < fp["ceiling"] < 1
-    row = mc.run_cell(mc.Cell("fork-join", "qwen3_next", "static", 0.15, 0), trace, fp, {})
+    assert 0 < fp["reused_bytes"] < fp["held_bytes"] and 0 < fp["ceiling"] < 1
+    cell = mc.Cell("fork-join", "qwen3_next", "static", 0.50, 0)
+    size = mc.calibrate(cell, trace, fp)
+    assert 1 <= size["runs"] <= mc.MAX_RUNS
+    row = mc.run_cell(cell, trace, fp, size, {})
     stock, marconi = row["columns"]["stock"], row["columns"]["marconi"]
-    assert row["size_fraction"] >= 0.15
-    assert stock["flops_saved_fraction"] <= fp["ceiling"] + 1e-12
+    # the calibrated size is where stock saves about half of the ceiling, and binds
+    assert stock["flops_saved_fraction"] / fp["ceiling"] == pytest.approx(
+        size["stock_share"])
+    assert abs(size["stock_share"] - 0.5) < 0.15
     assert stock["input_tokens"] == marconi["input_tokens"] == sum(
         r.input_len for r in trace.requests)
-    assert stock["kv_tokens_evicted"] > 0  # 15% of the footprint binds
+    assert mc.binds(row)
+
+
+def test_reused_prefixes_count_the_union_of_hit_prefixes_once():
+    from sglang_marconi.sim.traces import Request, Trace
+
+    a = np.arange(256, dtype=np.int64)
+    b = np.concatenate([a[:128], np.arange(1000, 1128, dtype=np.int64)])
+    out = np.zeros(1, dtype=np.int64)
+    trace = Trace("t", [Request(a, out), Request(a, out), Request(b, out)])
+    # the second hits 192 of a (three blocks), the third 128 (two of those blocks)
+    assert mc.reused_prefixes(trace, [0, 192, 130]) == (192, 2)
+    with pytest.raises(mc.UserError, match="2 hit lengths for 3"):
+        mc.reused_prefixes(trace, [0, 1])

@@ -130,6 +130,13 @@ class MarconiSettings:
         defaults.GHOST_FACTOR, _non_negative,
         help="Without an alpha: the ghost index remembers this many times the KV pool's "
              "token slots (8 bytes an id; 0 turns it and end-state admission off).")
+    branch_bonus: float = _setting(
+        defaults.BRANCH_BONUS, _non_negative,
+        help="Without an alpha: the reuse weight a node gains once it was a branch point.")
+    chain_weight: Optional[float] = _setting(
+        defaults.CHAIN_WEIGHT, _alpha,
+        help="Without an alpha: the reuse weight of a chain state (one child, never a "
+             "branch point); unset: learned on the ghost index.")
     end_threshold: float = _setting(
         defaults.END_THRESHOLD, _fraction,
         help="Without an alpha: end-of-request states are admitted while the measured rate "

@@ -35,7 +35,7 @@ from sglang_marconi.policy.defaults import NO_CAP
 from sglang_marconi.policy.ghost import GhostIndex
 from sglang_marconi.policy.host_tier import (HostLink, demoted_efficiency, host_efficiency,
                                              host_link_preset, tail_counts_toward_backup)
-from sglang_marconi.policy.likelihood import EndStateUsefulness
+from sglang_marconi.policy.likelihood import EndStateUsefulness, ReuseWeight
 from sglang_marconi.policy.ranking import ranked_efficiency
 from sglang_marconi.policy.rankings import AlphaRanking, ReuseWeightedRanking
 from sglang_marconi.policy.snapshot_admission import SnapshotPlan
@@ -73,8 +73,9 @@ class MarconiPolicyState(AdmissionPlans):
         self.extra_buffer = extra_buffer
         # the ranking (``policy.rankings``): the product's reuse-weighted one, or the
         # paper's with a fixed alpha
-        self.ranking = (ReuseWeightedRanking() if settings.plus
-                        else AlphaRanking(settings.alpha))
+        self.ranking = (ReuseWeightedRanking(ReuseWeight(settings.branch_bonus,
+                                                         chain_weight=settings.chain_weight))
+                        if settings.plus else AlphaRanking(settings.alpha))
         self.alpha = self.ranking.alpha
         self.capacity_bytes = (kv_tokens * spec.kv_bytes_per_token
                                + state_slots * spec.ssm_state_bytes)
