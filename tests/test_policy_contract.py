@@ -251,6 +251,7 @@ SUBJECTS = [
     sglang_subject("sglang-marconi-a0", dict(alpha=0.0)),
     sglang_subject("sglang-marconi-a1", dict(alpha=1.0)),
     sglang_subject("sglang-marconi+", dict()),
+    sglang_subject("sglang-marconi-decay", dict(decay=True)),
 ]
 every_subject = pytest.mark.parametrize("subject", SUBJECTS, ids=str)
 

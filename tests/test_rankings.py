@@ -1,5 +1,8 @@
-"""The two rankings behind one interface (``policy.rankings``): what each answers."""
+"""The rankings behind one interface (``policy.rankings``): what each answers."""
+import math
 import types
+
+import pytest
 
 from sglang_marconi.policy.likelihood import ReuseWeight
 from sglang_marconi.policy.rankings import AlphaRanking, ReuseWeightedRanking
@@ -33,3 +36,35 @@ def test_reuse_weighted_ranking_counts_hits_on_the_node():
     assert r.host_mode("ranked") == "gdsf" and r.host_mode("lru") is None
     fixed = ReuseWeightedRanking(ReuseWeight(chain_weight=0.25))
     assert fixed.weight_fn == fixed.weight and fixed.reuse.chain_weight == 0.25
+
+
+def test_decay_queue_keys_are_last_use_plus_tau_log_efficiency():
+    import math
+
+    from sglang_marconi.policy.scoring import VictimQueue
+
+    q = VictimQueue(mode="decay", tau=10.0)
+    q.update("old-valuable", 0.0, math.e ** 3)  # key 30
+    q.update("new-cheap", 20.0, 1.0)            # key 20
+    q.update("worthless", 100.0, 0.0)           # no state: below every other key
+    assert q.ordered() == ["worthless", "new-cheap", "old-valuable"]
+    q.set_tau(5.0)  # key 15 against 20: the old one goes first now
+    assert q.ordered() == ["worthless", "old-valuable", "new-cheap"]
+    ticks = VictimQueue(mode="decay", tau=1.0, to_ticks=lambda counter: counter / 100)
+    ticks.update("a", 300.0, 1.0)
+    ticks.update("b", 250.0, math.e)  # 2.5 + 1 = 3.5 against 3.0
+    assert ticks.ordered() == ["a", "b"]
+
+
+def test_decay_ranking_learns_the_mean_reuse_distance_in_steps():
+    from sglang_marconi.policy.rankings import DecayRanking
+
+    r = DecayRanking()
+    assert r.tau == DecayRanking.PRIOR_TICKS
+    assert not r.observe_distance(70)  # inside the band around 64: no move, no re-key
+    moves = [r.observe_distance(1000) for _ in range(200)]
+    assert any(moves) and not all(moves)
+    mean = r.distance_sum / r.distances
+    assert r.tau / DecayRanking.STEP <= mean <= r.tau * DecayRanking.STEP
+    assert math.log(r.tau, DecayRanking.STEP) == pytest.approx(
+        round(math.log(r.tau, DecayRanking.STEP)))

@@ -91,7 +91,8 @@ def test_alpha_zero_makes_stocks_decisions(specs):
     MarconiSettings(alpha=2.0, max_states_per_request=-1),
     MarconiSettings(alpha=1.0, max_states_per_request=-1, renormalise_limit=0),
     MarconiSettings(max_states_per_request=-1),
-], ids=["a1-cap2", "a2", "a1-amortised", "marconi+"])
+    MarconiSettings(max_states_per_request=-1, decay=True),
+], ids=["a1-cap2", "a2", "a1-amortised", "marconi+", "decay"])
 @pytest.mark.parametrize("uc", [UC, UC_IDS], ids=["bytes-bind", "ids-bind"])
 @FAST
 @given(specs=request_specs())
@@ -131,7 +132,8 @@ def test_kv_shortage_can_free_a_state_one_ranking():
 @pytest.mark.parametrize("settings", [
     MarconiSettings(alpha=4.0, max_states_per_request=-1),
     MarconiSettings(max_states_per_request=-1),
-], ids=["marconi", "marconi+"])
+    MarconiSettings(max_states_per_request=-1, decay=True),
+], ids=["marconi", "marconi+", "decay"])
 def test_the_joint_build_equals_a_fresh_computation(settings):
     """A joint walk's build reads values kept between walks (each state's FLOPs saved over
     its nearest checkpointed ancestor, that ancestor's depth) and the persistent queues'

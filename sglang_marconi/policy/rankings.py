@@ -1,4 +1,4 @@
-"""The two rankings a Marconi cache evicts by, behind one interface.
+"""The rankings a Marconi cache evicts by, behind one interface.
 
 - ``ReuseWeightedRanking`` (``--cache-policy marconi``): a victim's key is its FLOPs saved
   per byte times its reuse weight (``likelihood.ReuseWeight``: hits, branch points, the
@@ -7,12 +7,17 @@
 - ``AlphaRanking`` (``--marconi-alpha A``, the paper's): min-max normalised recency plus
   alpha times FLOP efficiency; every node weighs 1 and hits change nothing but recency.
 
+- ``DecayRanking`` (``MarconiSettings(decay=True)``, a candidate under study): the same
+  weights, discounted by exp(-age / tau) with tau learned from the hits' reuse distances,
+  instead of GDSF aging.
+
 Each answers what the cache asks: the victim queue's mode and alpha, a node's weight, what
 a hit and a lost state do to it, how host victims rank. The reuse weight's counters live on
 the tree node (``hit_score``, ``last_hit``, ``max_children``).
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 from sglang_marconi.policy.likelihood import ReuseWeight
@@ -93,3 +98,33 @@ class ReuseWeightedRanking:
 
     def host_mode(self, host_rule: str) -> Optional[str]:
         return None if host_rule == "lru" else "gdsf"
+
+
+class DecayRanking(ReuseWeightedRanking):
+    """FLOPs saved per byte times the reuse weight, discounted by exp(-age / tau): a
+    victim's key is its last use on the request clock plus tau x ln(weighted efficiency),
+    tau the mean reuse distance (request ticks between a state's last use and its hit)
+    observed on the cache's hits, moved in steps of 2^0.5."""
+
+    queue_mode = "decay"
+    name = "reuse-weighted-decay"
+    PRIOR_TICKS, PRIOR_COUNT = 64.0, 8  # the mean reuse distance before any hit is seen
+    STEP = 2.0 ** 0.5
+
+    def __init__(self, reuse: Optional[ReuseWeight] = None):
+        super().__init__(reuse)
+        self.distance_sum, self.distances = self.PRIOR_TICKS * self.PRIOR_COUNT, self.PRIOR_COUNT
+        self.tau = self.PRIOR_TICKS
+
+    def observe_distance(self, ticks: float) -> bool:
+        """A hit consumed a state last used ``ticks`` ago; True when tau moved."""
+        self.distance_sum += max(0.0, ticks)
+        self.distances += 1
+        mean = self.distance_sum / self.distances
+        if self.tau / self.STEP <= mean <= self.tau * self.STEP:
+            return False
+        self.tau = self.STEP ** round(math.log(max(mean, 1.0), self.STEP))
+        return True
+
+    def host_mode(self, host_rule: str) -> Optional[str]:
+        return None

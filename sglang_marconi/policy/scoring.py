@@ -31,7 +31,11 @@ from __future__ import annotations
 import heapq
 import itertools
 
+import math
+
 from sglang_marconi.model.cost import CostModel
+
+ZERO_KEY = 1e12  # decay: a candidate worth 0 ranks this many ticks below any other
 
 def flop_efficiency(spec: CostModel, prefix_len: int, ancestor_prefix_len: int, freed_bytes: float,
                     has_state: bool = True) -> float:
@@ -62,11 +66,16 @@ class VictimQueue:
     suspended node changes what ``resume`` restores.
     """
 
-    def __init__(self, alpha: float = 0.0, mode: str = "marconi"):
-        if mode not in ("marconi", "gdsf"):
+    def __init__(self, alpha: float = 0.0, mode: str = "marconi", tau: float = 1.0,
+                 to_ticks=None):
+        if mode not in ("marconi", "gdsf", "decay"):
             raise ValueError(f"unknown scoring mode {mode!r}")
         self.mode = mode
         self.alpha = float(alpha)
+        # decay: key = ticks(recency) + tau * ln(efficiency), the log of efficiency x
+        # exp(-age / tau), ordered without knowing the present
+        self.tau = float(tau)
+        self.to_ticks = to_ticks
         self.clock = 0.0  # gdsf: the inflation value L
         self._live: dict = {}  # node -> (version, recency, efficiency, seq, base)
         self._suspended: dict = {}  # node -> its entry while suspended
@@ -94,9 +103,20 @@ class VictimQueue:
             self.alpha = float(alpha)
             self._rebuild()
 
+    def set_tau(self, tau: float) -> None:
+        if float(tau) != self.tau:
+            self.tau = float(tau)
+            self._rebuild()
+
+    def _decay_key(self, recency: float, efficiency: float) -> float:
+        t = recency if self.to_ticks is None else self.to_ticks(recency)
+        return t + self.tau * math.log(efficiency) if efficiency > 0 else t - ZERO_KEY
+
     def _key(self, recency: float, efficiency: float, base: float = 0.0) -> float:
         if self.mode == "gdsf":
             return base + efficiency
+        if self.mode == "decay":
+            return self._decay_key(recency, efficiency)
         if self.alpha == 0.0:
             return recency
         r_lo, r_span, e_lo, e_span = self._bounds
@@ -211,6 +231,9 @@ class VictimQueue:
         # the same order, so the same floats): one rebuild keys every candidate
         if self.mode == "gdsf":
             self._heap = [(b + e, seq, ver, node) for node, (ver, r, e, seq, b) in live.items()]
+        elif self.mode == "decay":
+            key = self._decay_key
+            self._heap = [(key(r, e), seq, ver, node) for node, (ver, r, e, seq, b) in live.items()]
         elif self.alpha == 0.0:
             self._heap = [(r, seq, ver, node) for node, (ver, r, e, seq, b) in live.items()]
         else:

@@ -115,6 +115,12 @@ class MarconiUnifiedRadixCache(UnifiedRadixCache):
         for ct in (ComponentType.MAMBA, ComponentType.FULL):
             self.components[ct].track(node)
 
+    def set_tau(self, tau: float) -> None:
+        """The decay ranking's time scale moved: both victim queues re-key."""
+        for ct in (ComponentType.MAMBA, ComponentType.FULL):
+            if self.components[ct].queue is not None:
+                self.components[ct].queue.set_tau(tau)
+
     def rekey_chains(self, is_chain) -> None:
         """Re-key the chain nodes both victim queues hold (a FULL queue leaf is a chain
         node when its one child lives on the host tier only)."""

@@ -183,13 +183,17 @@ class _ScoredQueue:
 
     queue = None
 
+    counter_recency = False  # recency keyed on SGLang's access counter (FULL)
+
     def reset_queue(self) -> None:
         policy = self.cache.marconi
-        self.queue = VictimQueue(policy.alpha, mode=policy.queue_mode)
+        self.queue = VictimQueue(policy.alpha, mode=policy.queue_mode,
+                                 tau=getattr(policy.ranking, "tau", 1.0),
+                                 to_ticks=policy.ticks_of if self.counter_recency else None)
 
     def _walk_start(self) -> None:
         policy = self.cache.marconi
-        if self.queue.mode == "gdsf":
+        if self.queue.mode in ("gdsf", "decay"):
             return  # aged keys need no normalisation
         self.queue.set_alpha(policy.alpha)
         limit = policy.settings.renormalise_limit
@@ -280,6 +284,9 @@ class MarconiMambaComponent(_ScoredQueue, MambaComponent):
     def refresh_lru(self, phase, node, root_node) -> None:
         super().refresh_lru(phase, node, root_node)
         if phase == LRURefreshPhase.MATCH_END and has_state(node):
+            last = state_recency(node)
+            if last < self.cache.marconi.clock:  # the first match this tick
+                node.marconi_reuse_distance = self.cache.marconi.clock - last
             _stamp(node, self.cache.marconi.clock)
             self.cache.marconi.matched(node)
             self.track(node)
@@ -484,6 +491,8 @@ class _LeafSet(set):
 
 class MarconiFullComponent(_ScoredQueue, FullComponent):
     """FULL component: evictable leaves leave in utility order instead of LRU order."""
+
+    counter_recency = True
 
     def reset_queue(self) -> None:
         super().reset_queue()

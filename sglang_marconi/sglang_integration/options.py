@@ -137,6 +137,10 @@ class MarconiSettings:
         defaults.CHAIN_WEIGHT, _alpha,
         help="Without an alpha: the reuse weight of a chain state (one child, never a "
              "branch point); unset: learned on the ghost index.")
+    decay: bool = _setting(
+        False, bool,
+        help="Without an alpha: discount the reuse-weighted ranking by exp(-age / tau), tau "
+             "the mean reuse distance learned on the hits, instead of GDSF aging.")
     end_threshold: float = _setting(
         defaults.END_THRESHOLD, _fraction,
         help="Without an alpha: end-of-request states are admitted while the measured rate "

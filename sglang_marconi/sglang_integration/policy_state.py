@@ -27,9 +27,13 @@ while the ghost index is unchanged (``_ghost_lookup``), so their cost stays SGLa
 """
 from __future__ import annotations
 
+import bisect
 import logging
+from array import array
 
 import numpy as np
+
+from sglang.srt.mem_cache.unified_cache.components import base as components_base
 
 from sglang_marconi.policy.defaults import NO_CAP
 from sglang_marconi.policy.ghost import GhostIndex
@@ -37,7 +41,7 @@ from sglang_marconi.policy.host_tier import (HostLink, demoted_efficiency, host_
                                              host_link_preset, tail_counts_toward_backup)
 from sglang_marconi.policy.likelihood import EndStateUsefulness, ReuseWeight
 from sglang_marconi.policy.ranking import ranked_efficiency
-from sglang_marconi.policy.rankings import AlphaRanking, ReuseWeightedRanking
+from sglang_marconi.policy.rankings import AlphaRanking, DecayRanking, ReuseWeightedRanking
 from sglang_marconi.policy.snapshot_admission import SnapshotPlan
 from sglang_marconi.sglang_integration.admission_plans import AdmissionPlans
 from sglang_marconi.sglang_integration.components import MAMBA as SGLANG_MAMBA
@@ -73,9 +77,12 @@ class MarconiPolicyState(AdmissionPlans):
         self.extra_buffer = extra_buffer
         # the ranking (``policy.rankings``): the product's reuse-weighted one, or the
         # paper's with a fixed alpha
-        self.ranking = (ReuseWeightedRanking(ReuseWeight(settings.branch_bonus,
-                                                         chain_weight=settings.chain_weight))
+        weighted = DecayRanking if settings.decay else ReuseWeightedRanking
+        self.ranking = (weighted(ReuseWeight(settings.branch_bonus,
+                                             chain_weight=settings.chain_weight))
                         if settings.plus else AlphaRanking(settings.alpha))
+        # the decay ranking: SGLang's access counter at each tick (tick i + 1 at index i)
+        self.tick_counters = array("d") if settings.decay and settings.plus else None
         self.alpha = self.ranking.alpha
         self.capacity_bytes = (kv_tokens * spec.kv_bytes_per_token
                                + state_slots * spec.ssm_state_bytes)
@@ -141,6 +148,9 @@ class MarconiPolicyState(AdmissionPlans):
         round (and ``touch_prefix`` matches without one), which must not count as reuse.
         The node was locked by the request until then, so the weight it ranks by after
         the unlock is the one a count at match time would have given."""
+        if getattr(self.ranking, "tau", None) is not None and self.ranking.observe_distance(
+                getattr(node, "marconi_reuse_distance", 0)):
+            self.owner.set_tau(self.ranking.tau)
         if self.ranking.record_hit(node, self.clock):
             self.owner.rekey(node)
 
@@ -213,6 +223,13 @@ class MarconiPolicyState(AdmissionPlans):
         if not getattr(req, "marconi_ticked", False):
             req.marconi_ticked = True
             self.clock += 1
+            if self.tick_counters is not None:
+                self.tick_counters.append(components_base._LAST_ACCESS_TIME_COUNTER_FLOAT)
+
+    def ticks_of(self, counter: float) -> float:
+        """The request clock at SGLang's access counter value ``counter`` (decay ranking:
+        FULL leaves' recency is that counter)."""
+        return bisect.bisect_right(self.tick_counters, counter)
 
     def _ghost_lookup(self, req):
         """The ghost index's answer for ``req``'s input, kept on the request until the

@@ -162,7 +162,7 @@ class JointWalk:
         self.cache = cache
         self.pending_parent = None  # the parent of the leaf just returned for eviction
         mamba, full = cache.components[MAMBA], cache.components[FULL]
-        self.queue = VictimQueue(mamba.queue.alpha, mode=mamba.queue.mode)
+        self.queue = VictimQueue(mamba.queue.alpha, mode=mamba.queue.mode, tau=mamba.queue.tau)
         self.queue.clock = max(mamba.queue.clock, full.queue.clock)
         bases = full.queue.bases()
         bases.update(mamba.queue.bases())  # a leaf with a state: the state's aging base
