@@ -1,20 +1,11 @@
 """Real SGLang cache objects on CPU, built from SGLang's own pool classes.
 
-``build_pools`` publishes the scheduler settings the replay needs (chunk size, track
-interval, strategy, a non-triton attention backend) as SGLang's server args, then builds a
-``HybridReqToTokenPool`` with its ``MambaPool`` (one SSM layer of tiny states: the replay
-never runs a forward pass, so only slot counts matter), a ``HybridLinearKVPool`` (one
-attention layer) and the token allocator (paged when the page exceeds one token, as the
-scheduler allocates pages), as SGLang's unit-test kit does (``tests/test_pools.py``
-compares the two). The tree cache is then built on those pools with the requested class
-and tree core ("rust" = the compiled core SGLang uses by default, "python" = the reference
-core).
-
-``PoolConfig.hicache_write_policy`` adds SGLang's host tier (``--enable-hierarchical-cache``):
-``UnifiedRadixCache.init_hicache``, exactly as the registry calls it in a server, with the
-CUDA-only copy kernels replaced by ``hicache_cpu`` and, with ``hicache_storage_dir``, the L3
-``file`` backend in that directory.
-"""
+``build_pools`` publishes the scheduler settings as SGLang's server args, then builds a
+``HybridReqToTokenPool`` with tiny Mamba states, a ``HybridLinearKVPool`` and the token
+allocator (paged above one token), as SGLang's unit-test kit does, and the tree cache on
+them with the requested class and tree core ("rust" or "python"). ``PoolConfig.
+hicache_write_policy`` adds SGLang's host tier through ``init_hicache``, with the CUDA copy
+kernels replaced by ``hicache_cpu`` and an optional L3 ``file`` backend."""
 from __future__ import annotations
 
 import dataclasses

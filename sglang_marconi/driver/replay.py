@@ -1,31 +1,13 @@
 """Drive a real SGLang tree cache with the calls the scheduler makes for one request.
 
-For strictly sequential requests the scheduler does, in order (sglang 0.5.23):
-
-1. ``Req.init_next_round_input(tree_cache)``: match (key capped at input_len - 1,
-   copy-on-write of the matched state recorded on the request);
-2. ``tree_cache.lock(req.last_node)`` when the prefill is admitted;
-3. per prefill chunk: ``alloc_for_extend(batch)`` (request slots, mamba slots, KV pages,
-   evicting from the tree when short), then ``ScheduleBatch.
-   _mamba_radix_cache_v2_req_prepare_for_extend`` (extra_buffer: which position the
-   chunk snapshots: its grid-floored end, or the branch point when it falls inside);
-   after every prefill chunk of a request that is not finished (the unfinished chunks,
-   and the last one when the request goes on to decode) ``checkpoint_kv_cache(req,
-   tree_cache)``;
-4. per decode step: ``alloc_for_decode_default(batch, 1)`` (on page boundaries; inside a
-   page its effect, ``last_loc + 1``, is written directly) and, on the track-interval
-   boundary, the ping-pong bookkeeping of ``SchedulerBatchResultProcessor`` (mirrored in
-   ``_track_decode_state``: no overlap, no speculative decoding);
-5. at finish ``release_kv_cache(req, tree_cache, checkpoint=True)``; an abort calls it
-   with ``checkpoint=False``.
-
-Every step above except the in-page decode write and the five lines of decode-track
-bookkeeping is SGLang's own function; ``ReplayBatch`` is the small part of
-``ScheduleBatch`` they read. With a host tier (``--enable-hierarchical-cache``) the
-scheduler's HiCache calls come from ``host_tier``: the load-back of a host hit before the
-lock, the start of the queued loads before each prefill allocation, and the event poll of
-every scheduler iteration (before each request and after each step).
-"""
+For strictly sequential requests (sglang 0.5.23): the match in
+``Req.init_next_round_input``; ``lock`` at admission; per prefill chunk
+``alloc_for_extend`` and the extra_buffer snapshot preparation, then
+``checkpoint_kv_cache`` after each unfinished chunk; per decode step
+``alloc_for_decode_default`` and the decode-track ping-pong (``_track_decode_state``); at
+finish ``release_kv_cache(checkpoint=True)`` (``False`` on abort). Every step but the
+in-page decode write and the decode-track lines is SGLang's own function; ``ReplayBatch``
+is the part of ``ScheduleBatch`` they read. HiCache calls come from ``host_tier``."""
 from __future__ import annotations
 
 import time

@@ -1,35 +1,13 @@
 """Pool sizes from a byte budget, the way SGLang 0.5.23 sizes a hybrid (attention + SSM) server.
 
-``size_pools(spec, cache_gb, memory)`` turns ``--cache-gb`` (the bytes left for the cache
-after weights and activations: SGLang's ``rest_memory``; GB = 2**30 bytes, SGLang's unit)
-into the pools a real server would build. ``spec`` is any cost model with
-``kv_bytes_per_token`` and ``ssm_state_bytes`` (``sglang_marconi.model``); this module does not
-import it. The rules, all in ``sglang/srt/mem_cache/kv_cache_configurator.py`` unless named:
-
-* state slots (``_handle_max_mamba_cache``, ~3229-3409, the ratio branch ~3338-3386, no
-  speculative decoding): ``mamba_budget = rest * r / (1 + r)`` with
-  ``r = --mamba-full-memory-ratio``; ``per_slot = mamba_cache_per_req`` (conv + temporal
-  state bytes of every SSM layer, ``configs/mamba_utils.py:116``);
-  ``max_mamba_cache_size = int((mamba_budget - per_slot) // per_slot)`` (the pool's +1
-  padding slot is charged); then ``rest -= (slots + 1) * per_slot`` (~3404-3409).
-* KV tokens (``model_executor/pool_configurator.py:637-647``): ``rest // kv_bytes_per_token``,
-  floored to the page.
-* slots per request (``_calculate_mamba_ratio``, ~3062-3086; constants ~227-229): 3, minus 1
-  with ``SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK`` (off by default), plus the tracking slots of
-  ``extra_buffer`` (``allocation_sizing.get_mamba_tracking_slots``: 2 under the overlap
-  schedule, 1 without); 1 with the radix cache disabled. So 5 for SGLang's defaults
-  (extra_buffer, overlap), 4 without overlap, 3 with ``no_buffer``.
-* max running requests (``resolve_max_num_reqs``, ~3113-3172): without
-  ``--max-running-requests``: ``min(clamp(int(kv_tokens / context_len * 512), 2048, 4096),
-  kv_tokens // 2)``; with it: ``min(given, kv_tokens // 2)``; then capped at
-  ``max_mamba_cache_size // slots_per_request``.
-* unified (``--enable-unified-memory``; ``config_from_budget`` ~3192-3211 and
-  ``unified_memory_pool.init_unified_mamba_pools`` ~1680-1691): the static split above still
-  fixes the Mamba slot *ids* (``max_mamba_cache_size``) and the KV token label; the buffer is
-  ``floor4096(rest after states) + slots * per_slot`` bytes, one byte pool both sides draw
-  from. ``kv_tokens`` is then what the KV side could hold with no state resident, and the
-  Mamba allocator gets ``unified_bytes // per_slot - 1`` slot ids (``mamba_slot_ids``).
-"""
+``size_pools(spec, cache_gb, memory)`` turns ``--cache-gb`` (SGLang's ``rest_memory``,
+GB = 2**30) into the pools a real server builds, following
+``sglang/srt/mem_cache/kv_cache_configurator.py``: state slots from
+``--mamba-full-memory-ratio`` (``_handle_max_mamba_cache``, the padding slot charged), KV
+tokens from the rest floored to the page, slots per request (5 with extra_buffer and
+overlap, 4 without overlap, 3 with ``no_buffer``), ``resolve_max_num_reqs``, and under
+``--enable-unified-memory`` one byte buffer both sides draw from. ``spec`` is any cost
+model with ``kv_bytes_per_token`` and ``ssm_state_bytes``."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass

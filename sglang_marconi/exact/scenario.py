@@ -1,26 +1,12 @@
 """The request sequence verify-exact serves, and the check that resuming is exact.
 
-Requests (token ids drawn from ``seed``; every user turn starts with a distinct token so the
-branch point is exactly the end of the shared system prompt S):
-
-1. conversation 1: S + u1                      (empty tree: state only at the end)
-2. conversation 2: S + u2                      (branch at len(S): two-pass prefill)
-3. conversation 2, next turn: whole history + u3   (hit on request 2's last state)
-4. conversation 3: S + u4                      (hit on the branch-point state of request 2)
-5. conversation 1, next turn: whole history + u5   (hit on request 1's last state)
-
-The project's tree and admission (``PrefixCache``) decide where checkpoints go and what a
-request may reuse; the tensors live in a :class:`CheckpointStore`. Each request resumes from
-its hit, prefills the rest in segments split at the admitted checkpoint positions (taking the
-SSM state at each), decodes ``n_decode`` greedy tokens, and hands its checkpoints to the store.
-An uncached full forward over input + output[:-1] then gives the reference logits: the
-next-token logits and every decode step's logits must agree within ``tolerance`` and the
-greedy tokens must be the reference's argmax at every step (with identical prefixes, that is
-the same as an independent uncached greedy run).
-
-``ssm_offset`` is the negative control: it takes the branch-point state that many tokens away
-from the admitted position (still stored as if taken there), so resuming from it must fail.
-"""
+Five requests over three conversations sharing a system prompt S (each user turn starts
+with a distinct token, so branch points are exact): a first turn, a branch at len(S), a hit
+on a last state, a hit on a branch-point state, a hit on the first conversation's state.
+The project's ``PrefixCache`` decides checkpoints and reuse; each request resumes from its
+hit, prefills in segments split at the admitted positions, decodes greedily, and must match
+an uncached forward's logits within ``tolerance`` and its argmax at every step.
+``ssm_offset`` is the negative control: a state taken that many tokens off, which must fail."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field

@@ -1,22 +1,11 @@
 """Independent cross-check of Mamba2 states with mamba-ssm's minimal SSD reference scan.
 
-For a Mamba2-based model, the inputs of every layer's chunk scan (x, dt, A, B, C, dt_bias,
-dt_limit) are recorded during an uncached forward pass; mamba-ssm's pure-PyTorch
-``ssd_minimal_discrete`` (Listing 1 of the Mamba2 paper, chunked, with ``initial_states``)
-then computes the state after the first P tokens, in two chained chunks (0..h, h..P) to
-exercise resume-from-state in the reference too. That state must equal the one the cache
-checkpoint holds at P.
-
-Loading the reference: ``import mamba_ssm`` fails on a CPU-only build (its ``__init__`` imports
-the CUDA extension ``selective_scan_cuda``), and ``mamba_ssm/modules/ssd_minimal.py`` imports
-``mamba_ssm.ops.triton.ssd_combined`` at its top (unused by ``ssd_minimal_discrete``). We load
-that one file with importlib under a private name while stub modules stand in for those
-imports, then remove the stubs again: transformers probes ``import mamba_ssm`` to choose its
-kernels, and must keep seeing it as absent. The same loader serves mamba-ssm's
-``selective_state_update_ref`` and causal-conv1d's ``causal_conv1d_ref`` /
-``causal_conv1d_update_ref`` (their files import the CUDA extensions likewise), which check
-the live CPU server's torch Mamba2 kernels (``tests/test_cpu_kernels.py``).
-"""
+The inputs of every layer's chunk scan are recorded during an uncached forward;
+mamba-ssm's pure-PyTorch ``ssd_minimal_discrete`` computes the state after P tokens in two
+chained chunks, which must equal the cache checkpoint at P. ``import mamba_ssm`` fails on
+CPU, so the reference files are loaded by path under private names with stub modules for
+their CUDA imports, removed afterwards (transformers must keep seeing mamba_ssm as absent).
+The same loader serves ``selective_state_update_ref`` and causal-conv1d's references."""
 from __future__ import annotations
 
 import contextlib

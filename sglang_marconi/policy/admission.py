@@ -1,20 +1,10 @@
 """Marconi's admission rule: which positions of a request get an SSM-state checkpoint.
 
-The single home of the rule: the simulator calls ``plan_checkpoints``, the SGLang cache
-``branch_checkpoint`` (through ``snapshot_admission``).
-
-- Purely-input reuse: the branch point that a speculative insertion of the request's input
-  finds (where the input leaves the tree in the middle of an edge, or at a node that has
-  children but no state) gets a checkpoint, rounded down to the checkpoint grid, if it lies
-  beyond the hit.
-- Input-plus-output reuse: the state after the last token whose KV exists (input + output
-  minus the last sampled token), rounded down to the grid, which is also where the cached
-  sequence ends: the tree gets the sequence only up to its last state.
-- At most ``max_states`` new checkpoints per request, the branch point first.
-
-The ``block`` rule is the vLLM+ baseline: a checkpoint at every block boundary.
-
-"""
+The single home of the rule (the simulator's ``plan_checkpoints``, the SGLang cache's
+``branch_checkpoint``): the branch point a speculative insertion of the input finds, on the
+grid, if beyond the hit; the state after the last token whose KV exists, on the grid; at
+most ``max_states`` new checkpoints per request, the branch point first. ``block`` is the
+vLLM+ baseline: a checkpoint at every block boundary."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,44 +1,13 @@
 """The two-tier rule (SGLang's HiCache: a host tier behind the device pools): what a
 prefix segment or a state is worth in host memory.
 
-A hit that finds its prefix on the host tier instead of the device skips the prefill of
-the segment as a device hit would, but first loads the segment's KV and the state at its
-end back over PCIe. Its worth is the FLOPs it saves minus the load it costs, the load
-counted in the FLOPs the GPU could have computed meanwhile (bytes / PCIe bandwidth x the
-prefill FLOP rate: ``HostLink``), per byte of host memory it occupies, times marconi+'s
-reuse weight when given. One rule, ``host_efficiency``; the host victims are ranked by it:
-
-- marconi+ (``gdsf``): Greedy-Dual-Size-Frequency aging as on the device
-  (``scoring.VictimQueue``): key = L + efficiency, L the host tier's inflation clock when
-  the node was last touched (demoted, backed up or hit), the clock raised to each victim's
-  key;
-- marconi (``marconi``): the paper's utility over the current host candidates,
-  norm(recency) + alpha x norm(efficiency); alpha 0 is LRU, SGLang's own host order.
-
-A node with no state at its end on either tier is worth 0 (no hit can end there): it
-goes first.
-
-On the device (``demoted_efficiency``): a node whose KV is on the host tier too (written
-through, or backed up on its second insert under ``write_through_selective``) is only
-demoted by its eviction, and a later hit pays the load of its KV and state instead of the
-prefill; one that is not is dropped. The device ranks the first by that load (in FLOPs, per
-device byte it frees), the second by the FLOPs it saves: under ``write_through_selective``
-the device keeps what the host does not hold yet, long enough for its second insert to
-back it up.
-
-Admission (``tail_counts_toward_backup``): under a write policy that backs a node up on
-its second insert (``write_through_selective``) a request's tail is worth inserting for
-the host's sake even when its end state is rarely hit. marconi+ refuses such end states
-(``likelihood.EndStateUsefulness``), and without its end state SGLang inserts nothing of
-the tail, so the tail's first insert never happens: the next request that shares part of
-it inserts that part for the first time and only a third one backs it up. With the tail
-inserted, the second request's insert (through it, or splitting it at its branch point)
-is the one that backs the shared part up.
-
-Both tiers' states count as checkpoints here (``TierTree``): a hit can end at a state on
-either tier, so the marginal FLOPs of a segment are measured from its nearest ancestor
-with a state on the device or the host.
-"""
+``host_efficiency``: the FLOPs a host hit saves minus its PCIe load-back counted in
+FLOPs (``HostLink``), per host byte, times marconi+'s reuse weight when given; host victims
+are ranked by it (GDSF aging under marconi+, the paper's utility under marconi, alpha 0 =
+LRU). A node with no state at its end on either tier is worth 0. ``demoted_efficiency``
+ranks device victims whose KV is also on the host by their load cost, the others by the
+FLOPs they save. ``tail_counts_toward_backup``: under ``write_through_selective`` a tail is
+inserted for the host's sake. Both tiers' states count as checkpoints (``TierTree``)."""
 from __future__ import annotations
 
 import heapq

@@ -1,17 +1,9 @@
 """``offline``: a reference that knows the future (never call it optimal).
 
-Eviction is Belady-style weighted by what a hit saves per byte: among the candidates, evict
-the one with the lowest FLOP efficiency / (requests until its next use); a candidate never
-used again has value 0 and goes first. "Next use" of a node's state is the next request whose
-input (minus its last token) starts with the node's path and, for a one-child node, does not
-also reach its child's state. Admission is Marconi's plus the ghost index, with the
-end-of-request state kept only if a future request reaches it.
-
-Choosing what to keep under a byte budget when items have sizes and values is knapsack-like:
-this greedy rule is a heuristic (``tests/test_beyond.py`` measures its gap to the optimum
-over eviction choices on tiny traces). The eviction scan is O(candidates) per evicted
-node: a reference, not a product.
-"""
+Belady-style eviction weighted by what a hit saves per byte: evict the lowest FLOP
+efficiency / (requests until next use); never used again goes first. Admission is
+Marconi's plus the ghost index, end states kept only if a future request reaches them. A
+greedy heuristic, O(candidates) per eviction: a reference, not a product."""
 from __future__ import annotations
 
 from bisect import bisect_right

@@ -1,25 +1,11 @@
 """Arrival times for the serving replay: the trace's timestamps, rescaled to an offered load.
 
-``--load L`` scales arrivals so that the trace's GPU work *without any cache hit*, by the
-full time model, takes ``L`` of the arrival span (``offered_seconds``):
-
-- every prefill from token 0: its FLOPs at ``mfu * peak``, plus one step overhead per
-  chunk of ``chunked_prefill_size`` tokens;
-- every output token: its share of a decode step that runs ``decode_batch`` sequences
-  (``GpuTimeModel.decode_seconds(B * context, B) / B``, at the request's mean context
-  ``input + output / 2``), where ``decode_batch`` is the largest batch the server can hold
-  (``max_running_requests``, and the KV pool over the mean sequence length).
-
-So ``L`` is the fraction of the server's *capacity* the traffic asks for: at ``L`` < 1 a
-server that batches its decodes fully keeps up without any cache hit. A continuous-batching
-server is busier than that in time: it runs a decode step whenever one request decodes,
-however small the batch, so the GPU's achieved busy fraction (``busy_fraction`` in the
-results) is above ``L``. (Before this, ``--load`` counted prefill FLOPs only and decode came
-on top: 0.8 overloaded the server.) A trace without timestamps (all equal: generators,
-session traces without ``ts``) gets seeded Poisson arrivals at that rate, and so does any
-trace with ``--arrivals poisson`` (its order kept, its timestamps ignored). ``--rate-scale S``
-is the raw alternative: timestamps times S (0: everything arrives at once).
-"""
+``--load L`` scales arrivals so that the trace's GPU work *without any cache hit* takes
+``L`` of the arrival span (``offered_seconds``): every prefill from token 0 plus one step
+overhead per chunk, and every output token's share of a decode step at the largest batch
+the server can hold. So ``L`` is the fraction of capacity asked for. A trace without
+timestamps, or ``--arrivals poisson``, gets seeded Poisson arrivals at that rate;
+``--rate-scale S`` multiplies the timestamps by S (0: everything at once)."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,18 +1,9 @@
 """The cache's own CPU time, measured per scheduler step for the virtual clock.
 
-``CacheTimer`` wraps the tree cache instance's entry points (the calls SGLang's scheduler
-and allocation helpers make into it) with ``time.perf_counter``; nested calls are counted
-once. ``take()`` returns the seconds spent inside the cache since the previous ``take()``.
-With ``enabled=False`` nothing is wrapped and ``take()`` is always 0: the replay is then
-fully deterministic (the tests run so); with it on, the virtual clock includes this
-machine's measured bookkeeping time, so TTFTs vary slightly from run to run. The
-garbage collector's pauses inside a call (``gc_pauses``, the replay's own heap: a server's
-scheduler holds no trace) are not the cache's time: they are subtracted and reported apart.
-
-``cpu=True`` reads the thread's CPU time (``time.thread_time``) instead of the wall clock:
-on a shared machine a preempted call's wall time includes other processes' turns, which a
-server's scheduler core would not pay (``serve-sim --bookkeeping cpu``).
-"""
+``CacheTimer`` wraps the tree cache's entry points with ``time.perf_counter`` (nested calls
+counted once); ``take()`` returns the seconds inside the cache since the last ``take()``.
+``enabled=False`` wraps nothing (fully deterministic). Garbage-collector pauses inside a
+call are subtracted and reported apart; ``cpu=True`` reads ``time.thread_time`` instead."""
 from __future__ import annotations
 
 import functools

@@ -1,27 +1,12 @@
 """Several SGLang replicas behind a router, on one virtual clock (``serve-sim --replicas N``).
 
-Each replica is a ``ServingScheduler`` with its own pools and cache. Requests are taken in
-arrival order; before routing the one arriving at ``t``, every replica runs its steps that
-start before ``t`` (a step starting at ``t`` or later could take the new request, exactly as
-a single server takes a request that arrived before its step). The router then sees the
-in-flight counts the real sglang-router keeps: a request counts from the moment it is
-routed until its replica has sent the whole response (finished or aborted, at or before
-``t``; ``serving/router.py`` cites where the binary increments and decrements). Requests
-go to the chosen replica's queue, and the loop goes on; after the last arrival every
-replica runs to the end. With one replica the steps are the ones ``run_serving`` takes
-(tests/test_cluster.py checks it request by request). Each replica keeps its own copy of
-SGLang's process-global access-time counter (``harness.ab.OwnAccessClock``), as a replica
-is a server process of its own: marconi normalises recency by its range, which the other
-replicas' ticks would change.
-
-Belief gap (cache_aware): per request, the tokens the router believed the replica would
-reuse minus the tokens the replica really reused at the request's first admission: what its
-tree matched when it routed on that match (the cache-hit path; 0 on the load paths, where it
-claimed no reuse), converted from characters to whole tokens of the ``input_ids`` text.
-
-A router that hears the replicas' responses subclasses ``Cluster`` (``listen``, ``decide``):
-the research routers under scripts/lib/marconi_routing do.
-"""
+Each replica is a ``ServingScheduler`` with its own pools, cache and copy of SGLang's
+access-time counter (``harness.ab.OwnAccessClock``). Before routing a request arriving at
+``t`` every replica runs its steps that start before ``t``; the router sees the in-flight
+counts the real sglang-router keeps. With one replica the steps are ``run_serving``'s.
+Belief gap (cache_aware): the tokens the router believed a replica would reuse minus what
+it reused at first admission. A router that hears responses subclasses ``Cluster``
+(``listen``, ``decide``), as scripts/lib/marconi_routing does."""
 from __future__ import annotations
 
 import contextlib

@@ -1,24 +1,10 @@
 """The virtual clock's time model of one forward step on a GPU (uncalibrated).
 
-- prefill (extend) step: the cost model's FLOPs of the tokens computed, attention over the
-  cached context included (``spec.prefill_flops(end) - spec.prefill_flops(start)`` per
-  request: the ``b*L^2`` term of the difference is the new tokens' attention over the
-  whole context), divided by ``mfu * dense peak``;
-- decode step: a roofline, ``max(bytes / (hbm_efficiency * bandwidth), flops / (mfu *
-  peak))``; bytes = the weights once (active parameters, ``spec``'s linear FLOPs per token
-  / 2, times the dtype's bytes) + the KV of every running sequence + every request's SSM
-  state read and written; flops = 2 * active parameters per token + attention over the
-  context;
-- every step adds ``step_overhead_s`` (scheduling, launch, sampling);
-- with a host tier (HiCache) an extend step that loads prefixes back from host takes
-  max(forward, bytes loaded / ``pcie_bytes_s``): SGLang copies them layer by layer on its
-  own stream while the forward runs, each layer waiting only for its own layer's copy
-  (docs/serving.md, "Host tier").
-
-Presets: ``model.gpus`` (datasheet peaks and bandwidths, assumed efficiencies). MoE models: the
-weights read per decode step are the *active* parameters (a lower bound when a large batch
-touches every expert).
-"""
+Prefill: the cost model's FLOPs of the tokens computed (attention over the cached context
+included) over ``mfu * peak``. Decode: a roofline, max(bytes / (hbm_efficiency *
+bandwidth), flops / (mfu * peak)), bytes = active weights + every sequence's KV + SSM
+states read and written. Every step adds ``step_overhead_s``; an extend step loading from
+the host tier takes max(forward, bytes / ``pcie_bytes_s``). Presets: ``model.gpus``."""
 from __future__ import annotations
 
 # the presets live in model.gpus and the host link's cost in policy.host_tier (the SGLang

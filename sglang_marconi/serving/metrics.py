@@ -1,30 +1,13 @@
 """One serving run's numbers, from the scheduler's request and step records.
 
-TTFT = first token - arrival; queue = start of the first prefill step - arrival; rates
-over the makespan (first arrival at 0 to the last event); hits and FLOPs saved from each
-request's match at its first admission (what that prefill skipped); step-weighted means
-weight each step by its duration on the virtual clock (GPU + measured cache time).
-
-Load and time under the loop:
-- ``busy_fraction``: the GPU's busy time inside the arrival window (first to last arrival)
-  over that window: what ``--load`` aims at, achieved (``arrivals``: above the load, since
-  small decode batches cost a whole step); ``gpu_busy_fraction`` is the same over the whole
-  makespan (the drain after the last arrival included);
-- ``cpu_critical_fraction``: the fraction of forward steps the GPU waited for the CPU
-  before (``StepRecord.exposed_cpu_s`` > 0): in the normal loop every step with any CPU
-  time; under overlap the steps where processing k-1 + scheduling k took longer than
-  forward k-1, the first batch after idle, a batch after a drained result;
-  ``cpu_exposed_s_total`` sums that wait;
-- ``backlog_growth``: over the later half of the arrivals, the least-squares slope of the
-  number of requests in the server when each arrives (``RequestRecord.backlog``) against
-  its arrival time, divided by the arrival rate there: the fraction of arriving requests
-  that stay in the server instead of being served. A stable server's backlog does not grow
-  (about 0); one that cannot keep up keeps about ``1 - capacity / demand`` of them.
-  ``overloaded`` when it exceeds ``OVERLOAD_GROWTH`` (0.1). SGLang admits prefills first,
-  so an overloaded server starves its decodes: queueing delay stays flat while requests
-  pile up in the running batch, which is why the backlog, not the queue, is watched.
-  Not defined for arrivals all at one instant (0).
-"""
+TTFT = first token - arrival; queue = first prefill step - arrival; rates over the
+makespan; hits and FLOPs saved from each request's match at its first admission;
+step-weighted means weight each step by its duration on the virtual clock.
+``busy_fraction``: GPU busy time inside the arrival window over that window;
+``cpu_critical_fraction``: the forward steps the GPU waited for the CPU before;
+``backlog_growth``: over the later half of the arrivals, the slope of the requests in the
+server against arrival time over the arrival rate (about 0 when stable, ``overloaded``
+above ``OVERLOAD_GROWTH``); 0 for arrivals all at one instant."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,36 +1,16 @@
 """sglang-router 0.3.2's routing policies (cache_aware, round_robin, random) in Python.
 
-A router sees the request text and the workers' in-flight counts, nothing else: no worker
-tells it what it cached. Sources are the Rust files of exactly 0.3.2 (the sdist
-``sglang_router-0.3.2.tar.gz`` on PyPI), cited by path and line:
+A router sees the request text and the workers' in-flight counts, nothing else. Sources are
+the Rust files of the 0.3.2 sdist, cited by path and line: ``request_text``
+(``src/protocols/generate.rs`` 214-237), the in-flight load guard (``src/core/worker.rs``
+1114-1140; cache_aware only), the registry's worker order, and the defaults ``smg launch
+--help`` prints (threshold 0.3, balance 64 / 1.5, eviction every 60 s to 2^26 characters).
 
-- ``request_text``: for ``/generate`` the ``text`` field as sent, else ``input_ids``
-  joined by single spaces (``src/protocols/generate.rs`` 214-237);
-- in-flight load: incremented after the policy chose (``WorkerLoadGuard::new``,
-  ``src/core/worker.rs`` 1114-1130; created only for cache_aware and manual,
-  ``src/routers/http/router.rs`` 294-296), decremented when the worker's response body
-  has been read, before the client gets it (``router.rs`` 573-593, guard drop at
-  ``worker.rs`` 1133-1140). round_robin and random keep no load;
-- worker order: the registry's iteration order (``router.rs`` 141-157,
-  ``src/core/worker_registry.rs`` 455-460, a DashMap keyed by random UUIDs): callers pass
-  the workers in the order the binary lists them (``GET /workers``);
-- defaults: what ``smg launch --help`` of the 0.3.2 wheel prints (cache threshold 0.3,
-  balance abs 64, rel 1.5, eviction every 60 s to 2^26 characters per worker), not the
-  ``CacheAwareConfig::default`` in ``src/policies/mod.rs`` 98-108 (0.5 / 32 / 1.1 / 30 /
-  10000), which the CLI overrides.
-
-cache_aware (``src/policies/cache_aware.rs``, ``select_worker`` 351-483):
-1. imbalance: ``(max - min) > abs`` AND ``max > rel * min`` over all workers' loads, in
-   f32 (364-372); then the least loaded worker, first on ties (Rust ``min_by_key``),
-   and the text is inserted for it (287-346);
-2. else match the text in the tree; rate = matched / input characters (f32, 0 for an
-   empty text, 396-400); rate > threshold (strict) routes to the tenant of the matched
-   node (403-409), else to the least loaded worker, first on ties (410-415);
-3. insert the text for the chosen worker on both paths (420, and 313-321 when imbalanced);
-4. every ``eviction_interval_secs`` a background thread trims each worker's characters to
-   ``max_tree_size`` (100-123): ``tick(now)`` here runs the evictions whose time has come.
-Start-up inserts ``""`` once per worker (``init_workers``, 142-164), which takes epochs.
-"""
+cache_aware (``src/policies/cache_aware.rs`` 351-483): when imbalanced (max - min > abs and
+max > rel * min, in f32) the least loaded worker; else the matched tenant when matched /
+input characters > threshold, else the least loaded (first on ties); the text is inserted
+for the chosen worker; ``tick(now)`` runs the periodic evictions. Start-up inserts ``""``
+once per worker."""
 from __future__ import annotations
 
 import random

@@ -1,63 +1,18 @@
 """SGLang 0.5.23's scheduler loop on CPU, with a virtual clock instead of a forward pass.
 
-``ServingScheduler.step`` is one iteration of SGLang's scheduler loop:
+``ServingScheduler.step`` is one iteration of ``Scheduler.event_loop_overlap`` (SGLang's
+default: batch k is formed while k-1's result is queued) or ``event_loop_normal``
+(``--disable-overlap-schedule``). Only this outer loop is written here, in SGLang's order
+with its line numbers cited; every decision inside it (``SchedulePolicy``,
+``PrefillAdder``, ``ScheduleBatch``, ``NewTokenRatioTracker``, ``release_kv_cache``) is
+SGLang's own code on the real cache and pools of ``driver.pools``.
 
-- ``Scheduler.event_loop_overlap`` (scheduler.py:2061-2134, SGLang's default, and so
-  serve-sim's): ingest; ``get_next_batch_to_run`` forms batch k (matches, admission,
-  allocation, evictions, retraction) while the result of batch k-1 is still queued; launch
-  k and queue ``(batch.copy(), result)``; then process k-1's result. So a request that
-  finished in k-1 keeps its KV row, state slots and tree lock while k is formed, a
-  prefill's requests are merged into the next decode before their first token is on the
-  CPU, requests the queued result finishes by length are left out of k
-  (``_reqs_finishing_inflight``, 4444-4457), a stop-token finisher is decoded once more
-  (one KV slot of overshoot, freed by ``release_kv_cache``), and a request retracted while
-  its result was queued has that result skipped (batch_result_processor.py 343-349,
-  1022-1027);
-- ``Scheduler.event_loop_normal`` (2026-2060, ``--disable-overlap-schedule``): ingest,
-  ``get_next_batch_to_run``, run the batch, ``process_batch_result``.
-
-Only this outer loop is written here, in SGLang's order and
-with the line numbers of the installed 0.5.23 cited at each part; every decision inside
-it is SGLang's own code, called on the real cache and pools of ``driver.pools``:
-
-- ``SchedulePolicy.calc_priority`` (queue order: fcfs, SGLang's default, or lpm...);
-- ``PrefillAdder`` (admission: chunked prefill, the token budget with
-  ``new_token_ratio``, Mamba-slot budgets, ``max_running_requests``, ``max_prefill_tokens``;
-  ``add_chunked_req``, ``add_one_req``);
-- ``ScheduleBatch.init_new`` / ``prepare_for_extend`` / ``filter_batch`` /
-  ``merge_batch`` / ``check_decode_mem`` / ``retract_decode`` / ``prepare_for_decode``;
-- ``NewTokenRatioTracker``; ``checkpoint_kv_cache`` / ``release_kv_cache``.
-
-What cannot run on CPU, and its replacement:
-- the forward pass (``run_batch``): the GPU time model (``gpu_model``) advances the clock,
-  and each request's next output token is the trace's (``ReplayRequest.output_ids``);
-- under overlap, the future map (the next batch reads the previous batch's sampled tokens
-  on the GPU), the forward/schedule streams and their events (``copy_done``, the WAR
-  barrier): the queued result carries the virtual time its forward ends, and processing it
-  first waits for that time (``copy_done.synchronize()``, brp 267-268, 957-958). A step
-  costs max(forward k, CPU of processing k-1 + scheduling k+1) on the clock; the CPU time
-  the GPU waited for is recorded per step (``StepRecord.exposed_cpu_s``);
-- ``prepare_for_decode`` ends with ``track_mask_cpu.pin_memory()`` (schedule_batch.py:3830),
-  which needs a CUDA driver: ``Tensor.pin_memory`` is an identity during that call;
-- ``process_batch_result_{prefill,decode}`` (scheduler_components/batch_result_processor.py)
-  are methods of the scheduler object (streaming, logprobs, metrics, grammar): the few
-  lines that touch the cache are followed here (cited in ``_process_batch_result``),
-  the decode-track ping-pong with its overlap lookahead in ``_track_decode_state``.
-With a host tier (``--enable-hierarchical-cache``: the cache built with SGLang's HiCache,
-``driver.pools``) the scheduler's HiCache calls are made where SGLang's scheduler makes them
-(``driver.host_tier``): ``check_hicache_events`` at the top of ``get_next_batch_to_run``
-(``_process_hicache_events``, 3878-3898), the load-back of a host hit inside SGLang's own
-``PrefillAdder.add_one_req`` (``init_load_back``, schedule_policy.py 1470-1571: nothing to
-add here), ``ready_to_load_host_cache`` before ``prepare_for_extend`` (4352-4355), and with
-an L3 store the prefetch on arrival (``_prefetch_kvcache``, 3342-3392), waited for there (the
-L3 read is not on the clock: ``wait_complete`` holds the request until it is done, and this
-CPU build has no storage bandwidth to charge). The batch's load-back bytes go on the clock
-(``GpuTimeModel.prefill_seconds``: max(forward, load)).
-
-Disabled features (SGLang's defaults here): mixed chunk, priority scheduling, LoRA,
-speculative decoding, DP attention, PD disaggregation; the consecutive-prefill
-overlap switch (``SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP``) is off, as by default.
-"""
+Replaced on CPU: the forward pass (the GPU time model advances the clock; output tokens
+are the trace's), the overlap streams and future map (the queued result carries the time
+its forward ends), ``pin_memory`` (an identity), and the cache-touching lines of
+``process_batch_result_*``. With a host tier the HiCache calls are made where SGLang makes
+them (``driver.host_tier``); load-back bytes go on the clock. Mixed chunk, priority, LoRA,
+speculative decoding, DP attention and PD disaggregation are off, as by default."""
 from __future__ import annotations
 
 import contextlib

@@ -1,50 +1,18 @@
 """Marconi's tree components: SGLang's MAMBA and FULL components with scored eviction and
 Marconi admission. Lock accounting, splitting, matching and the tree walk are stock.
 
-MAMBA (the state pool, one slot per SSM checkpoint): the stock walk takes the least
-recently used unlocked state; here every unlocked state is ranked by the shared
-``VictimQueue`` (utility = norm(recency) + alpha * norm(FLOP efficiency)) and the lowest
-goes first. As in the stock walk, an evictable leaf is deleted (its KV with it) and any
-other node only loses its state (it stays as a KV-only tombstone). Recency is when the
-state was last inserted or consumed by a hit, the same events that move it in SGLang's
-MAMBA LRU list, so alpha = 0 is exactly the stock order. It is read on the cache's request
-clock (``MarconiPolicyState.clock``: one tick per request match), the simulator's clock,
-not on SGLang's node-event counter, which advances once per node on every matched path, so
-min-max normalised recency would depend on the tree's shape rather than on time. A hit is
-stamped with the clock, an insert half a tick later (after the latest match, before the
-next), so the order of stamps is the order of SGLang's MAMBA LRU list.
+MAMBA (one slot per SSM checkpoint): every unlocked state is ranked by the shared
+``VictimQueue`` (utility = norm(recency) + alpha * norm(FLOP efficiency)), lowest first;
+an evictable leaf is deleted, any other node only loses its state. Recency is read on the
+cache's request clock (a hit stamped with the clock, an insert half a tick later), so
+alpha = 0 is exactly SGLang's MAMBA LRU order. FULL (the token pool): the evictable leaves
+ranked by the same utility with recency = ``last_access_time``.
 
-FULL (the token pool): the stock walk pops evictable leaves oldest ``last_access_time``
-first; here the same leaves are ranked by the same utility with recency =
-``last_access_time``.
-
-Persistent queues: no eviction walk rescans the tree. Each component keeps one
-``VictimQueue`` for the life of the tree and re-keys a candidate only where its inputs
-change: the MAMBA queue holds the unlocked states (stamped at a hit or an insert,
-suspended while locked, dropped with the state); the FULL queue holds
-``evictable_device_leaves``, whose set reports every leaf that enters or leaves it
-(``_LeafSet``); a leaf's ``last_access_time`` moves on every match through it without a
-hook, so the FULL walk re-keys a popped leaf whose time has moved on and pops again (a
-later time only raises a key, so the order of what is evicted is the order of the current
-keys). A state that appears or goes changes the nearest checkpointed ancestor, hence the
-FLOP efficiency, of the states below it down to the next state: they are re-keyed then
-(``rekey_state_change``). Token depths are cached on the node (a node's end depth never
-changes: a split inserts a new parent and keeps the child's end), and so is a state's
-nearest checkpointed ancestor's depth (``cached_state_depth``: forgotten where
-``rekey_state_change`` runs, checked against a fresh walk by ``marconi_checks.invariants``).
-marconi+'s leaf-set hook (``children_changed``, on every lock and unlock along a path)
-re-keys a state only when its reuse weight moved. The min-max bounds of
-the normalisation are refreshed over the current candidates at the start of every walk
-(the paper's rule) while a queue holds at most ``MarconiSettings.renormalise_limit``
-candidates (1024: a bounded pass of simple arithmetic, no tree walks), and the
-simulator's amortised way above that, so an eviction costs O(log n) at any size.
-
-FLOP efficiency (``scoring.flop_efficiency``) = FLOPs a hit at the node saves over a hit
-at its nearest ancestor that still holds a state, per byte freed *in the pool being
-evicted*: one SSM state (``ssm_state_bytes``) in the state pool, the node's own KV tokens
-(``kv_bytes_per_token * tokens``) in the token pool. SGLang sizes the two pools
-separately, so a victim is ranked by what it gives back to the pool that is short.
-"""
+The queues persist for the life of the tree: a candidate is re-keyed only where its inputs
+change (a hit, an insert, a lock, a state appearing or going above it:
+``rekey_state_change``); a FULL leaf whose time moved is re-keyed when popped. FLOP
+efficiency is the FLOPs a hit saves over its nearest checkpointed ancestor per byte freed
+in the pool being evicted."""
 from __future__ import annotations
 
 import heapq

@@ -1,18 +1,11 @@
 """The one settings schema of the Marconi cache, its server flags and its hand-over.
 
-``MarconiSettings`` is a dataclass whose fields carry their flag (or none: an internal
-default, set from the Python API), help and check; ``add_cli_args`` builds SGLang's
-launcher flags from it, ``scripts/flag_table.py`` the table in docs/usage.md. The
-launcher validates the flags on the parsed namespace, points ``--radix-cache-backend`` at
-the ``marconi`` backend and hands the settings to the scheduler processes as one
-environment variable, ``SGLANG_MARCONI_SETTINGS`` (JSON; ``ServerArgs`` keeps only its own
-fields), which the backend reads back with ``MarconiSettings.from_env``.
-
-``--cache-policy marconi`` ranks by reuse-weighted FLOPs saved per byte with GDSF aging,
-a ghost index and learned end-state admission; with ``--marconi-alpha A`` it ranks by the
-paper's rule (alpha-weighted recency plus FLOP efficiency) instead. ``marconi+`` is a
-deprecated alias of ``marconi``.
-"""
+``MarconiSettings`` fields carry their flag (or none: set from the Python API), help and
+check; ``add_cli_args`` builds the launcher flags from it. The launcher validates them,
+points ``--radix-cache-backend`` at ``marconi`` and hands the settings over as JSON in
+``SGLANG_MARCONI_SETTINGS``, read back by ``MarconiSettings.from_env``. ``--cache-policy
+marconi`` ranks by reuse-weighted FLOPs saved per byte; with ``--marconi-alpha A`` by the
+paper's rule. ``marconi+`` is a deprecated alias."""
 from __future__ import annotations
 
 import argparse

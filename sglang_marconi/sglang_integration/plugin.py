@@ -1,18 +1,11 @@
 """SGLang plugin (entry-point group ``sglang.srt.plugins``, name ``marconi``).
 
-SGLang calls ``register`` in every process it starts (launcher, scheduler processes,
-detokenizer). It registers the ``marconi`` radix-cache backend and three hooks on
-``ServerArgs``: one adds ``--cache-policy`` and the ``--marconi-*`` flags to the parser,
-one validates them and selects the backend before ``ServerArgs`` is built from the command
-line, and one runs the same checks, with the same messages (a ``ValueError``), when SGLang
-validates any ``ServerArgs`` at start-up (``ServerArgs.check_server_args``, called by
-``Engine._launch_subprocesses`` for ``sglang.Engine(...)`` and the HTTP server alike):
-the Python API selects the policy with ``radix_cache_backend="marconi"`` and the
-``SGLANG_MARCONI_SETTINGS`` hand-over. A resolution hook lets
-``--enable-int8-mamba-checkpoint`` through SGLang's refusal of custom backends (its
-other refusals stand). (``ServerArgs`` is a msgspec struct: a hook on its
-``__post_init__`` is never called.)
-"""
+SGLang calls ``register`` in every process it starts. It registers the ``marconi``
+radix-cache backend and hooks on ``ServerArgs``: the flags on the parser, their validation
+and backend selection before ``ServerArgs`` is built, the same checks (a ``ValueError``)
+in ``check_server_args`` for the Python API (``radix_cache_backend="marconi"`` and the
+``SGLANG_MARCONI_SETTINGS`` hand-over), and a resolution hook letting
+``--enable-int8-mamba-checkpoint`` through SGLang's refusal of custom backends."""
 from __future__ import annotations
 
 import logging

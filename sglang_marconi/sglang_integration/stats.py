@@ -1,17 +1,10 @@
 """Marconi counters, reported through SGLang's logging and (with --enable-metrics) Prometheus.
 
-Counted per finished request: tokens hit and the prefill FLOPs the hit saved. Counted per
-state: admitted (by reason: ``branch`` point, ``chunk`` boundary, ``final`` state of a
-finished request), ``rejected`` chunk-boundary states (over the per-request cap), and
-evicted (by reason: ``state_pool_drop`` = an internal node's state dropped to free a state
-slot, ``state_pool_leaf`` = a leaf deleted to free a state slot, ``kv_pool_leaf`` = a leaf
-deleted to free KV token slots, its state with it; with --enable-unified-memory the joint
-walk's ``unified_state`` = an inner state dropped for bytes, ``unified_leaf`` = a leaf with a
-state deleted for bytes).
-
-The ``sglang:marconi_*`` series sit beside SGLang's own radix-cache metrics; the summary
-log line every 200 requests names the ranking.
-"""
+Per finished request: tokens hit and prefill FLOPs saved. Per state: admitted (``branch``,
+``chunk``, ``final``), ``rejected``, and evicted by reason (``state_pool_drop``,
+``state_pool_leaf``, ``kv_pool_leaf``; unified: ``unified_state``, ``unified_leaf``). The
+``sglang:marconi_*`` series sit beside SGLang's radix-cache metrics; a summary log line
+every 200 requests names the ranking."""
 from __future__ import annotations
 
 import logging

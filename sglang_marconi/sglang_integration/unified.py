@@ -1,35 +1,16 @@
 """Marconi under ``--enable-unified-memory``: one ranking over KV leaves and SSM states.
 
-With the unified pool (``unified_memory_pool.py``) KV pages and Mamba states draw on one
-byte buffer. Stock ``UnifiedRadixCache.evict_for_alloc`` (~697-787) still walks per
-component: a MAMBA walk for missing slot ids, the Full donor, a FULL walk (KV leaves) until
-the state fits, a MAMBA fallback; a KV shortage runs only the FULL walk. Here, when bytes
-run out, ``joint_evict_for_alloc`` ranks both kinds of candidate together, as the
-simulator's single budget does:
+With the unified pool KV pages and Mamba states draw on one byte buffer, but stock
+``UnifiedRadixCache.evict_for_alloc`` walks per component. Here ``joint_evict_for_alloc``
+ranks both kinds together, as the simulator's single budget does: a state on an inner node
+frees one state, an evictable leaf its KV tokens and its state. Each is scored by the
+policy (FLOPs saved per byte freed in the shared buffer) with recency on the request clock,
+in a walk-local ``VictimQueue`` built from the persistent queues' live candidates
+(``joint_rows``); a parent that becomes an evictable leaf joins it.
 
-* a state on an inner node frees one state entry (``ssm_state_bytes``);
-* an evictable leaf frees its KV tokens and, if it holds one, its state.
-
-Each is scored by the policy (``policy_state._efficiency`` -> ``ranking.ranked_efficiency``:
-FLOPs a hit there saves over the nearest checkpointed ancestor, per byte it frees in the
-shared buffer, reuse-weighted for marconi+) with recency on the request clock (a state:
-its stamp; a KV-only leaf: the request during which SGLang last touched it,
-``JointMambaComponent`` records the counter at each match), in a ``VictimQueue`` with the
-persistent queues' mode and alpha. The walk-local queue is built from the two persistent
-queues' live candidates at the start of a joint walk (``joint_rows``: O(n log n) once per
-walk, one heap build, no tree walk: a state's nearest checkpointed ancestor and the FLOPs a
-hit saves over it are kept on its node, ``components.cached_state_depth`` and
-``cached_flops_saved``; ``marconi_checks.invariants.check_joint_build``, in scripts/lib,
-compares a build with a fresh computation), and a parent that becomes an evictable leaf
-joins it.
-
-What stays SGLang's: Mamba slot ids are a separate resource ("Full KV can supply bytes but
-cannot recycle Mamba virtual IDs"): a slot-id shortfall is met first by the stock MAMBA
-walk (Marconi's state queue); locked nodes are never candidates (both queues hold only
-unlocked ones); freeing, cascades, compaction and the donor's ``prepare_mamba_allocation``
-are SGLang's. alpha 0 with the marconi policy (LRU) takes SGLang's own ``evict_for_alloc``
-unchanged, so it makes stock's decisions.
-"""
+What stays SGLang's: Mamba slot ids are a separate resource met first by the stock MAMBA
+walk; locked nodes are never candidates; freeing, cascades and the donor are SGLang's.
+alpha 0 with the marconi policy takes SGLang's own ``evict_for_alloc`` unchanged."""
 from __future__ import annotations
 
 import bisect

@@ -1,35 +1,12 @@
 """Seeded synthetic workloads (``gen-trace`` writes them; ``sim --workload`` replays them).
 
 Every generator is deterministic for a seed and documents its parameters in its dataclass.
-Token ids come from one counter per trace, so two sequences share tokens only where the
-workload makes them share (a system prompt, a conversation's history), never by accident.
-Timing: a turn arrives after the previous turn's response (output tokens at
-``decode_tok_s``) plus a think/tool time; sessions start as a Poisson process.
-
-- ``chat``: multi-turn chat with ShareGPT / LMSys-Chat-like turn and length statistics; the
-  next turn's input is the whole history plus a new user message.
-- ``agent``: SWE-agent-like trajectories: a long system prompt shared by all sessions, a task
-  description, 10-50 turns of action + tool observation; observations older than the last
-  ``keep_last`` are replaced by a short placeholder, which creates branch points.
-- ``shared-prompt``: single-turn requests sharing a few long system prompts (Zipf popularity).
-- ``fork-join``: SGLang frontend programs (``sgl.function`` with ``fork``): a shared few-shot
-  prefix, ``k`` forks that each extend prefix + question, then a join that reads them all.
-- ``drift``: phases with different mixes (chat, then agent sessions, then chat again).
-- ``alpha-shift``: built so that the best fixed alpha differs between its phases (a
-  benchmark of online alpha, not a model of real traffic). ``scan`` phases: one-off long
-  documents, each read once and never again, between requests on a small pool of short hot
-  prompts. FLOP-aware eviction ranks a stale long document above a hot prompt (more FLOPs
-  saved per byte) and lets the stale documents crowd the hot prompts out; LRU drops the
-  stale documents and keeps the hot prompts. ``steady`` phase: a fixed set of long
-  documents reused throughout, between one-off prompts; there LRU lets the one-off prompts
-  push the documents out and FLOP-aware eviction keeps them. Phases: scan, steady, scan.
-  Measured (paper-7b, 2 GB, seed 0; ``tests/test_beyond.py``): alpha 0
-  saves >= 1.29x the FLOPs of every alpha in {0.5, 1, 2, 4} in each scan phase, alpha 4
-  1.29x those of alpha 0 in the steady phase. Reading each document twice or more
-  (``doc_reads``) gives it a branch state, whose FLOP efficiency (FLOPs over the state
-  bytes alone) then tops the min-max normalisation: with two reads alpha 0 leads the scan
-  phases by only 3% and 7%.
-"""
+Token ids come from one counter per trace, so sequences share tokens only where the
+workload makes them share. A turn arrives after the previous response plus a think time;
+sessions start as a Poisson process. Workloads: ``chat`` (multi-turn), ``agent``
+(SWE-agent-like, old observations replaced by placeholders), ``shared-prompt`` (Zipf
+system prompts), ``fork-join`` (SGLang fork programs), ``drift`` (phases of mixes) and
+``alpha-shift`` (phases where the best fixed alpha differs: a benchmark of online alpha)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields

@@ -1,27 +1,12 @@
 """Policy names of the paper's planning simulator (``sim --paper``), and the cache each
 one builds: one byte budget, the states a policy plans wherever they are.
 
-``NAME[:key=value[:key=value...]]``, e.g. ``marconi:alpha=0.5``, ``vllm+:block=64``.
-
-- ``vllm+``: a state at every ``block``-token boundary (32), LRU eviction.
-- ``paper-sglang+``: Marconi admission, LRU eviction (alpha 0).
-- ``marconi``: Marconi admission, FLOP-aware eviction, alpha tuned by bootstrap (``alpha=auto``,
-  ``k`` = bootstrap multiplier), fixed (``alpha=0.7``) or online (``alpha=online``, shadow
-  caches for ``alphas=0/0.5/1/2`` over a ``window``, re-decided every ``period`` requests,
-  ``hysteresis``, miniature shadows with ``sample``=rate).
-- ``infinite``: Marconi admission, unlimited capacity: the ceiling on the trace.
-- ``marconi+``: Marconi admission plus reuse likelihood (see ``policy.likelihood``): victims
-  ranked by expected FLOPs saved per byte with GDSF aging (``bonus`` for nodes that were
-  branch points, hit counts with ``half_life`` in requests), a ghost index of ``ghost`` x the
-  capacity's KV tokens for branch detection past evictions, and end-of-request states
-  admitted only while their measured reuse rate is >= ``end_threshold``.
-- ``offline``: knows the future (see ``policy.offline``): Belady-style eviction weighted by
-  FLOPs saved per byte, end states kept only if reused later, the ghost index. A heuristic
-  reference, not an optimum.
-
-Every policy takes ``max_states`` (per request, default 2). What SGLang itself would do
-with each cache is ``sim`` without ``--paper``: SGLang's own cache objects.
-"""
+``NAME[:key=value[:key=value...]]``, e.g. ``marconi:alpha=0.5``, ``vllm+:block=64``:
+``vllm+`` (a state every ``block`` tokens, LRU), ``paper-sglang+`` (Marconi admission, LRU),
+``marconi`` (FLOP-aware eviction, alpha ``auto`` / fixed / ``online``), ``infinite`` (the
+ceiling), ``marconi+`` (reuse likelihood, GDSF aging, ghost index, end-state threshold),
+``offline`` (knows the future; a heuristic reference). Every policy takes ``max_states``
+(per request, default 2)."""
 from __future__ import annotations
 
 import math
