@@ -73,8 +73,7 @@ def _routers(text: str) -> tuple:
 
 def _loads(text: str) -> tuple:
     parts = [p.strip() for p in text.split(",") if p.strip()]
-    if not parts or not all(re.fullmatch(r"[0-9]*\.?[0-9]+", p) and float(p) > 0
-                            for p in parts):
+    if not parts or not all(re.fullmatch(r"[0-9]*\.?[0-9]+", p) and float(p) > 0 for p in parts):
         raise UserError(f"--load: expected positive numbers, comma-separated (0.8 = 80% "
                         f"of the capacity with no cache hit), got {text!r}")
     return tuple(float(p) for p in parts)
@@ -162,8 +161,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "never)")
     r.add_argument("--router-max-tree-size", type=_positive, default=1 << 26,
                    help="cache_aware: characters kept per replica at each trim")
-    parser.add_argument("--limit", type=_positive, default=None,
-                        help="only the first N requests")
+    parser.add_argument("--limit", type=_positive, default=None, help="only the first N requests")
     parser.add_argument("--bookkeeping", choices=("measured", "cpu", "off"), default="measured",
                         help="add the cache's measured time to the clock: wall time "
                              "(measured), the thread's CPU time (cpu: what a call costs "
@@ -300,8 +298,7 @@ def _run(args) -> int:
               **host_summary(args, setup.spec, setup.pools),
               **int8_summary(setup.spec, setup.pools)}
     if routers is not None:
-        return _run_cluster(args, requests, setup, sizes, caches, loads, routers, options,
-                            config)
+        return _run_cluster(args, requests, setup, sizes, caches, loads, routers, options, config)
     result = run_grid(requests, setup, caches, loads, args.rate_scale,
                       show_progress=not args.no_progress, interleave=args.interleave)
     if args.plot:
@@ -354,8 +351,7 @@ def router_options(args) -> dict:
                             "max_tree_size": args.router_max_tree_size}}
 
 
-def _run_cluster(args, requests, setup, sizes, caches, loads, routers, options,
-                 config) -> int:
+def _run_cluster(args, requests, setup, sizes, caches, loads, routers, options, config) -> int:
     from sglang_marconi.serving.run import run_cluster_grid
 
     runs = run_cluster_grid(requests, setup, args.replicas, routers, caches, loads,

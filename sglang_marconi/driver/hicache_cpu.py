@@ -67,8 +67,7 @@ def kv_backup_from_device_all_layer(self, device_pool, host_indices, device_indi
 def _mamba_layers(self):
     temporal = (self.temporal_device_layers if self.mtp_draft_buffer_infos
                 else self.buffer_info.temporal)
-    conv = (self.conv_device_layers if self.mtp_draft_buffer_infos
-            else self.buffer_info.conv)
+    conv = (self.conv_device_layers if self.mtp_draft_buffer_infos else self.buffer_info.conv)
     return temporal, conv
 
 

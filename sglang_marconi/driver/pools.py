@@ -171,8 +171,7 @@ def build_cache(pc: PoolConfig, cache_class=None, tree_core: str = "rust",
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
     params, allocator, req_to_token_pool = build_pools(pc)
-    params = dataclasses.replace(params, tree_core_backend=tree_core,
-                                 **(params_override or {}))
+    params = dataclasses.replace(params, tree_core_backend=tree_core, **(params_override or {}))
     cache = (cache_class or UnifiedRadixCache)(params)
     cache.cache_init_params = params
     if pc.hicache_write_policy is not None:

@@ -73,18 +73,6 @@ def load_ssd_minimal():
     return _load_reference_file("mamba_ssm", "modules/ssd_minimal.py").ssd_minimal_discrete
 
 
-def load_selective_state_update_ref():
-    """mamba-ssm's ``selective_state_update_ref`` (one recurrent step, pure PyTorch)."""
-    return _load_reference_file(
-        "mamba_ssm", "ops/triton/selective_state_update.py").selective_state_update_ref
-
-
-def load_causal_conv1d_refs():
-    """causal-conv1d's ``causal_conv1d_ref`` and ``causal_conv1d_update_ref``."""
-    module = _load_reference_file("causal_conv1d", "causal_conv1d_interface.py")
-    return module.causal_conv1d_ref, module.causal_conv1d_update_ref
-
-
 @contextlib.contextmanager
 def record_scan_inputs(model, modeling_module: str):
     """Record the chunk-scan inputs of every Mamba2 layer of ``model`` during the block.

@@ -168,8 +168,7 @@ def instrument_host(cache) -> Optional[HostCounters]:
             counters.kv_tokens_evicted += freed
         return freed
 
-    controller.load = counted(controller.load, "host_indices", "kv_tokens_loaded",
-                              "states_loaded")
+    controller.load = counted(controller.load, "host_indices", "kv_tokens_loaded", "states_loaded")
     controller.write = counted(controller.write, "device_indices", "kv_tokens_backed_up",
                                "states_backed_up")
     cache.evict_host = counting_evict_host
@@ -213,13 +212,11 @@ def make_cache(name: str, cfg: ABConfig):
             settings = dataclasses.replace(
                 settings, max_states_per_request=defaults.PAPER_MAX_STATES_PER_REQUEST,
                 alpha=defaults.PAPER_ALPHA if settings.alpha is None else settings.alpha)
-        cache_class = functools.partial(MarconiUnifiedRadixCache, settings=settings,
-                                        spec=cfg.spec)
+        cache_class = functools.partial(MarconiUnifiedRadixCache, settings=settings, spec=cfg.spec)
     if cfg.unified is not None:
         from sglang_marconi.driver.unified_pools import build_unified_cache
 
-        return build_unified_cache(cfg.pools, cfg.unified, cache_class=cache_class,
-                                   tree_core=core)
+        return build_unified_cache(cfg.pools, cfg.unified, cache_class=cache_class, tree_core=core)
     return build_cache(cfg.pools, cache_class=cache_class, tree_core=core)
 
 

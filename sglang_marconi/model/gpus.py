@@ -36,8 +36,6 @@ PRESETS = {
     "h200": GpuPreset("h200", 989e12, 4.8e12),
     "b200": GpuPreset("b200", 2250e12, 8.0e12),
 }
-OVERRIDABLE = ("peak_flops", "hbm_bytes_s", "mfu", "hbm_efficiency", "step_overhead_s",
-               "pcie_bytes_s")
 DEFAULT_HOST_GPU = "h200"  # the GPU the SGLang cache's two-tier rule assumes (it has no clock)
 
 

@@ -216,8 +216,7 @@ def gdn_layer(hidden, num_k_heads, num_v_heads, head_k_dim, head_v_dim, d_conv, 
     proj = (2 * hidden * (2 * key_dim + 2 * value_dim) + 2 * hidden * 2 * num_v_heads
             + 2 * value_dim * hidden + 2 * conv_dim * d_conv)
     state = num_v_heads * head_k_dim * head_v_dim
-    rank_conv = _split(value_dim + 2 * _groups(num_k_heads, tp) * head_k_dim, tp,
-                       "conv channels")
+    rank_conv = _split(value_dim + 2 * _groups(num_k_heads, tp) * head_k_dim, tp, "conv channels")
     return SSMLayer("gdn",
                     temporal_elems=_split(num_v_heads, tp, "value heads") * head_k_dim * head_v_dim,
                     conv_elems=rank_conv * (d_conv - 1),

@@ -118,12 +118,6 @@ class HybridModelSpec:
         return replace(self, pool_kv_bytes_per_token=int(kv_bytes_per_token),
                        pool_state_bytes=int(state_bytes))
 
-    def sequence_bytes(self, tokens: int, checkpoint_every: int | None = None) -> int:
-        """KV of ``tokens`` tokens plus one SSM checkpoint every ``checkpoint_every`` tokens
-        (the vLLM-style every-block policy the paper contrasts with)."""
-        states = tokens // checkpoint_every if checkpoint_every else 0
-        return tokens * self.kv_bytes_per_token + states * self.ssm_state_bytes
-
     # -- FLOPs -----------------------------------------------------------------------------
     @cached_property
     def _coeffs(self) -> tuple[float, float]:

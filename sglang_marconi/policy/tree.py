@@ -157,8 +157,7 @@ class RadixTree:
         return node.lock_ref <= 0 and self._evictable_shape(node)
 
     def efficiency(self, node: Node) -> float:
-        return ranked_efficiency(self.spec, self, node, self.freed_bytes(node),
-                                 self.value_weight)
+        return ranked_efficiency(self.spec, self, node, self.freed_bytes(node), self.value_weight)
 
     def refresh(self, node: Node) -> None:
         """Re-evaluate whether ``node`` is a candidate and its score."""

@@ -29,8 +29,7 @@ def offered_seconds(requests, time_model, batch: int, chunk: int = 8192) -> floa
                     + overhead * -(-n_in // chunk))
         if n_out > 1:  # the prefill samples the first token
             context = n_in + n_out / 2
-            seconds += (n_out - 1) * time_model.decode_seconds(int(batch * context),
-                                                               batch) / batch
+            seconds += (n_out - 1) * time_model.decode_seconds(int(batch * context), batch) / batch
     return seconds
 
 

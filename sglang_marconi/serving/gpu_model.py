@@ -7,12 +7,10 @@ states read and written. Every step adds ``step_overhead_s``; an extend step loa
 the host tier takes max(forward, bytes / ``pcie_bytes_s``). Presets: ``model.gpus``."""
 from __future__ import annotations
 
-# the presets live in model.gpus and the host link's cost in policy.host_tier (the SGLang
-# cache reads them too); re-exported here for the serving replay and its callers
-from sglang_marconi.model.gpus import (DEFAULT_HOST_GPU, OVERRIDABLE, PRESETS,  # noqa: F401
-                                       GpuPreset, preset)
+# the presets live in model.gpus (the SGLang cache reads them too); re-exported here for
+# the serving replay and its callers
+from sglang_marconi.model.gpus import PRESETS, GpuPreset, preset  # noqa: F401
 from sglang_marconi.model.spec import dtype_bytes
-from sglang_marconi.policy.host_tier import host_link_preset  # noqa: F401
 
 
 class GpuTimeModel:

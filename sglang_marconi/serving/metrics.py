@@ -27,8 +27,7 @@ def busy_in_window(steps, t0: float, t1: float) -> float:
     """The GPU's busy fraction of [t0, t1] (0 for an empty window)."""
     if t1 <= t0:
         return 0.0
-    busy = sum(max(0.0, min(t1, s.gpu_start + s.gpu_s) - max(t0, s.gpu_start))
-               for s in steps)
+    busy = sum(max(0.0, min(t1, s.gpu_start + s.gpu_s) - max(t0, s.gpu_start)) for s in steps)
     return busy / (t1 - t0)
 
 

@@ -178,14 +178,3 @@ class CharTree:
                 heapq.heappush(heap, (parent.tenant_epoch[tenant], seq, tenant, parent))
                 seq += 1
         return removed
-
-    def used_size_per_tenant(self) -> Dict[str, int]:
-        """``get_used_size_per_tenant`` (tree.rs 905-929): recount by walking the tree."""
-        sizes: Dict[str, int] = {}
-        stack = [self.root]
-        while stack:
-            node = stack.pop()
-            for tenant in node.tenant_epoch:
-                sizes[tenant] = sizes.get(tenant, 0) + len(node.text)
-            stack.extend(node.children.values())
-        return sizes

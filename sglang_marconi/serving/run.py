@@ -169,8 +169,7 @@ def run_grid(requests, setup: ServeSetup, caches, loads, rate_scale=None,
             label = f"{len(caches)} caches@{at}"
             with tqdm(total=len(requests) * len(caches), desc=f"{label:>16}", unit="req",
                       disable=not show_progress, leave=False) as bar:
-                pairs = run_interleaved(caches, requests, setup, load, scale,
-                                        progress=bar.update)
+                pairs = run_interleaved(caches, requests, setup, load, scale, progress=bar.update)
             for name, (summary, sched) in zip(caches, pairs):
                 runs.append(summary)
                 curves[f"{name}@{at}"] = ttfts(sched)

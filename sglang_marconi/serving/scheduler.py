@@ -482,8 +482,7 @@ class ServingScheduler:
                                     truncation_align_size=None)
             if res != AddReqResult.CONTINUE:
                 if res == AddReqResult.NO_TOKEN:
-                    running.batch_is_full = (len(adder.can_run_list) > 0
-                                             or not running.is_empty())
+                    running.batch_is_full = (len(adder.can_run_list) > 0 or not running.is_empty())
                 added = bool(adder.can_run_list) and req is adder.can_run_list[-1]
                 if not added:
                     req.kv.mamba_cow_src_index = None
@@ -581,8 +580,7 @@ class ServingScheduler:
         flops = sum(self.tm.extend_flops(r.prefix_len, r.extend_end) for r in batch.reqs)
         load_bytes = batch.host_load_bytes
         load_s = self.tm.load_seconds(load_bytes)
-        self._step_load = (load_bytes, load_s,
-                           max(0.0, load_s - flops / self.tm.prefill_flops_s))
+        self._step_load = (load_bytes, load_s, max(0.0, load_s - flops / self.tm.prefill_flops_s))
         return self.tm.prefill_seconds(flops, load_s)
 
     # -- process_batch_result (scheduler.py:5074-5100) -----------------------------------

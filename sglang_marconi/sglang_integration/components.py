@@ -205,8 +205,7 @@ class _ScoredQueue:
         return HostRanking(mode, efficiency, recency=lambda n: n.last_access_time,
                            alpha=policy.alpha, clock=self.host_clock)
 
-    def _evict_host_node(self, x, key, tracker, device_frees, host_frees,
-                         cache_actions) -> None:
+    def _evict_host_node(self, x, key, tracker, device_frees, host_frees, cache_actions) -> None:
         """A host leaf goes whole (SGLang's ``_evict_host_leaf``); anything else loses
         this component's host value (MAMBA: a host tombstone, as in SGLang's host walk)."""
         core = self.tree_core
@@ -265,8 +264,7 @@ class MarconiMambaComponent(_ScoredQueue, MambaComponent):
     def evict_component(self, node, device_frees, host_frees, cache_actions,
                         target=EvictLayer.DEVICE):
         had = has_state(node)
-        out = super().evict_component(node, device_frees, host_frees, cache_actions,
-                                      target=target)
+        out = super().evict_component(node, device_frees, host_frees, cache_actions, target=target)
         if had and not has_state(node):
             if self.queue is not None:
                 self.queue.discard(node)
@@ -279,8 +277,7 @@ class MarconiMambaComponent(_ScoredQueue, MambaComponent):
     # -- locks: a locked state is not a candidate -------------------------------------------
     def acquire_component_lock(self, node, result, lock_host=False):
         out = super().acquire_component_lock(node, result, lock_host)
-        if (not lock_host and self.queue is not None
-                and node.component_data[MAMBA].lock_ref == 1):
+        if (not lock_host and self.queue is not None and node.component_data[MAMBA].lock_ref == 1):
             self.queue.suspend(node)
         return out
 
@@ -311,8 +308,7 @@ class MarconiMambaComponent(_ScoredQueue, MambaComponent):
                 return 0  # the snapshot stays in the request's ping-pong slot, unpublished
         return super().prepare_for_caching_req(req, insert_params, token_ids_len, is_finished)
 
-    def cleanup_after_caching_req(self, req, is_finished, insert_result=None,
-                                  insert_params=None):
+    def cleanup_after_caching_req(self, req, is_finished, insert_result=None, insert_params=None):
         inserted = (insert_result is not None and not insert_result.mamba_exist
                     and insert_params is not None and insert_params.mamba_value is not None)
         if inserted:
@@ -465,8 +461,7 @@ class MarconiFullComponent(_ScoredQueue, FullComponent):
     def track(self, node) -> None:
         if self.queue is None or node not in self.tree_core.evictable_device_leaves:
             return
-        self.queue.update(node, node.last_access_time,
-                          self.cache.marconi.kv_pool_efficiency(node))
+        self.queue.update(node, node.last_access_time, self.cache.marconi.kv_pool_efficiency(node))
 
     def untrack(self, node) -> None:
         if self.queue is not None:
@@ -541,8 +536,7 @@ class MarconiFullComponent(_ScoredQueue, FullComponent):
     def evict_component(self, node, device_frees, host_frees, cache_actions,
                         target=EvictLayer.DEVICE):
         had = node.component_data[FULL].host_value is not None
-        out = super().evict_component(node, device_frees, host_frees, cache_actions,
-                                      target=target)
+        out = super().evict_component(node, device_frees, host_frees, cache_actions, target=target)
         if (had and node.component_data[FULL].host_value is None
                 and self.cache.marconi.host_mode is not None):
             self.track(node)  # its host copy is gone: its eviction would drop it now

@@ -142,11 +142,6 @@ class MarconiSettings:
         return self.alpha is None
 
     @property
-    def ranking_alpha(self) -> float:
-        """The alpha the victim queues rank with (0 for the reuse-weighted ranking)."""
-        return 0.0 if self.alpha is None else self.alpha
-
-    @property
     def policy_name(self) -> str:
         return "marconi" if self.plus else f"marconi (paper's ranking, alpha {self.alpha:g})"
 

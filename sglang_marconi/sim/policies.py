@@ -18,7 +18,6 @@ from sglang_marconi.policy.cache import PrefixCache
 from sglang_marconi.policy.likelihood import ReuseWeight
 from sglang_marconi.policy.offline import offline_cache
 
-BASE_POLICIES = ("vllm+", "paper-sglang+", "marconi", "infinite")
 # names the planning simulator does not run: an error that says what to write instead
 NOT_HERE = {
     "sglang+": "policy 'sglang+' was renamed: write paper-sglang+ for the paper's LRU "
