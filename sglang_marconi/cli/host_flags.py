@@ -1,13 +1,8 @@
-"""The host-tier flags of ``ab``, under SGLang's own names (``--enable-hierarchical-cache``
-is implied by any of them): ``--hicache-size GB`` or ``--hicache-ratio R``,
-``--hicache-write-policy``, ``--hicache-storage-backend file``.
-
-The replay's tensors are tiny (slot counts matter, not bytes), so the host pools are sized
-from the model's real bytes: SGLang splits ``--hicache-size`` between the KV and the Mamba
-host pools in proportion to the device pools' bytes (``hybrid_pool_assembler.py``
-``_split_hicache_size``, 239-254, used at 1318-1322), so each host pool holds
-``size / device bytes`` times its device pool's slots: that ratio is what the CPU stack
-is given (``PoolConfig.hicache_ratio``)."""
+"""The host-tier flags of ``ab``, under SGLang's own names (any of them implies
+``--enable-hierarchical-cache``): ``--hicache-size GB`` or ``--hicache-ratio R``,
+``--hicache-write-policy``, ``--hicache-storage-backend file``. The replay's tensors are
+tiny, so the host pools get SGLang's split of ``--hicache-size`` in the model's real bytes
+(``_split_hicache_size``) as a ratio of host to device slots (``PoolConfig.hicache_ratio``)."""
 from __future__ import annotations
 
 from sglang_marconi.cli.pool_flags import _positive_float

@@ -1,12 +1,8 @@
 """``sim``: what SGLang would do on a trace, with stock's cache and with Marconi's.
 
-By default it drives SGLang's own cache objects with the scheduler's calls (what ``ab``
-runs; ``ab`` is the same command with ``--trace`` required) on pools sized like a server
-(``--cache-gb N [--memory static|unified]`` or ``--kv-tokens/--mamba-slots``), the trace a
-file or a seeded generator, ``--limit N`` for a quick look. ``--paper`` is the paper's
-idealised planning setting instead (one byte budget, ``--capacity``; the paper's
-baselines vLLM+ and SGLang+, Marconi, the offline reference: ``--policies``).
-"""
+By default SGLang's own cache objects driven like ``ab`` on pools sized like a server, the
+trace a file or a seeded generator; ``--paper`` is the paper's idealised planning setting
+instead (one byte budget, ``--capacity``; its baselines and the offline reference)."""
 from __future__ import annotations
 
 import sys

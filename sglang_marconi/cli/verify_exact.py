@@ -1,16 +1,8 @@
 """``verify-exact``: resume from cached checkpoints on real hybrid model code, compare.
 
-    python -m sglang_marconi verify-exact --arch bamba [--seed 0] [--json]
-    python -m sglang_marconi verify-exact --arch all
-    python -m sglang_marconi verify-exact --list
-    python -m sglang_marconi verify-exact --live [--live-model nemotron_h] [--seed 0] [--json]
-
-``--live`` runs SGLang's own Qwen3-Next and Nemotron-H code in live CPU servers (a source
-checkout's tests/live harness, docs/exactness.md "Live"): cached vs uncached outputs per
-scenario; ``--live-model NAME`` runs one of the two.
-
-Exit status: 0 all PASS, 1 a FAIL, 2 bad input (unknown arch).
-"""
+``--arch NAME|all``, ``--list``; ``--live`` runs SGLang's own Qwen3-Next and Nemotron-H code
+in live CPU servers (a source checkout's tests/live harness). Exit status: 0 all PASS, 1 a
+FAIL, 2 bad input."""
 from __future__ import annotations
 
 import json

@@ -115,23 +115,11 @@ class Replayer:
     def __init__(self, tree_cache, chunked_prefill_size: int = 8192,
                  mamba_chunk_size: int = 64, overlap: bool = False,
                  evict_every_decode_step: bool = False):
-        """``overlap``: the order of SGLang's overlap loop (``event_loop_overlap``) for one
-        request at a time. Of what differs between the loops, only this reaches a single
-        sequential client: the first decode step's KV allocation comes before the last
-        prefill chunk's ``checkpoint_kv_cache``. The rest does not: a request finishing by
-        length is left out of the next batch (``_reqs_finishing_inflight``), so it has no
-        stop-token overshoot and its last result has no lookahead; the decode-track
-        snapshots land on the same slots and lengths (the ping-pong swap moves one result
-        earlier, still before the next batch is prepared); the tracking slots per request
-        (2 under overlap, 1 without) are the pools' (``PoolConfig.overlap_schedule``).
-
-        ``evict_every_decode_step``: SGLang's paged decode allocation asks the tree to free
-        a whole page per request on every decode step, inside a page too
-        (``alloc_paged_token_slots_decode``: "assume each request needs a new page",
-        allocation.py 583-585); the replay's shortcut inside a page skips that call, so when
-        fewer than a page of KV is free mid-page it evicts one step later than SGLang.
-        True makes the call (serve-sim's scheduler runs SGLang's own code, so it always
-        does); False (``ab``) keeps the figures measured before."""
+        """``overlap``: the overlap loop's order for one request at a time (the first decode step's
+        KV allocation before the last prefill chunk's ``checkpoint_kv_cache``; nothing else of the
+        loops' difference reaches a sequential client). ``evict_every_decode_step``: make SGLang's
+        page-per-request eviction call inside a page too (serve-sim's scheduler always does; ``ab``
+        skips it, evicting one step later than SGLang when less than a page is free mid-page)."""
         self.cache = tree_cache
         self.chunk = chunked_prefill_size
         self.mamba_chunk_size = mamba_chunk_size

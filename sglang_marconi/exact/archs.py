@@ -1,16 +1,9 @@
 """Tiny random-weight configs of the hybrid architectures that verify-exact runs.
 
-Each entry builds a small fp32 transformers model (2-4 layers, hidden 64) and records the
-quirks that matter for resuming from a cache:
-
-* ``token_by_token``: Jamba's multi-token forward on a cached state does not feed the saved
-  SSM state into its scan (only its single-token path does), so continuation after a
-  restored or captured state must go one token at a time there.
-* ``prefill_only_dt_clamp``: NemotronH's and Zamba2's chunked scan clamps dt to
-  ``time_step_min`` but their single-token update does not; ``build_model`` lifts the clamp.
-* ``ssm_family``: ``mamba2`` layers get the independent reference-scan cross-check
-  (``ssd_reference``); ``gdn`` (gated delta net) and ``mamba1`` do not.
-"""
+Each entry builds a small fp32 transformers model and records the quirks that matter for
+resuming: ``token_by_token`` (Jamba's multi-token forward ignores a cached SSM state),
+``prefill_only_dt_clamp`` (NemotronH, Zamba2: ``build_model`` lifts the clamp) and
+``ssm_family`` (``mamba2`` gets the reference-scan cross-check)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -143,13 +136,8 @@ def get_arch(name: str) -> Arch:
 
 
 def build_model(arch: Arch, seed: int, keep_dt_clamp: bool = False):
-    """The tiny random-weight fp32 model for ``arch``, weights drawn from ``seed``.
-
-    Where the model's prefill clamps dt and its decode does not, the clamp is lifted
-    (``time_step_limit = (0, inf)``, mamba-ssm's default) unless ``keep_dt_clamp``: otherwise a
-    state written by decode differs from the state a re-prefill of the same tokens computes,
-    with or without any cache (see docs/exactness.md).
-    """
+    """The tiny random-weight fp32 model for ``arch``, weights drawn from ``seed``; a prefill-only
+    dt clamp is lifted unless ``keep_dt_clamp`` (else decode and re-prefill disagree)."""
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging

@@ -87,12 +87,9 @@ def _lcp(a, b) -> int:
 
 
 class BranchOracle:
-    """Where Marconi must checkpoint, from the token sequences alone (no tree).
-
-    A hit is the longest checkpointed prefix of the input. The branch point is the longest
-    common prefix with an earlier cached sequence that ends inside it (not a whole-sequence
-    match, which is a follow-up turn); it gets a checkpoint if it lies beyond the hit.
-    """
+    """Where Marconi must checkpoint, from the token sequences alone (no tree): the hit is the
+    longest checkpointed prefix; the branch point, the longest common prefix with an earlier
+    sequence ending inside the input, gets a checkpoint if beyond the hit."""
 
     def __init__(self) -> None:
         self.sequences: list[list[int]] = []

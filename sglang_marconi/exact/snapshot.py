@@ -1,16 +1,9 @@
 """Take real tensors out of a transformers hybrid cache and build a cache back from them.
 
-A transformers 5.19 ``DynamicCache`` holds, per layer, attention ``keys``/``values``
-(shape [batch, kv_heads, seq, head_dim], sliceable to any prefix) and/or SSM
-``conv_states``/``recurrent_states`` (fixed size, valid only for the exact position at which
-they were taken). A :class:`Checkpoint` is what the tree stores for one node: the KV of its
-prefix and the SSM states at exactly that prefix length.
-
-transformers keeps ``conv_kernel`` input columns per conv state, but the oldest one is never
-read again (the next conv window is the last ``kernel - 1`` inputs plus the new token), so a
-checkpoint keeps ``kernel - 1`` columns, as SGLang's MambaPool does and as the cost model
-(``HybridModelSpec.ssm_state_bytes``) charges; restoring pads the unused column with zeros.
-"""
+A :class:`Checkpoint` is what the tree stores for one node: the KV of its prefix (sliced)
+and the SSM states at exactly that length. A conv state keeps ``kernel - 1`` columns (the
+oldest is never read again), as SGLang's MambaPool and the cost model do; restoring pads
+the unused column with zeros."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -108,12 +108,9 @@ def record_scan_inputs(model, modeling_module: str):
 
 
 def reference_state(rec: dict, position: int, resume_at: int | None = None, block_len: int = 8):
-    """SSM state after ``position`` tokens from recorded scan inputs, by the reference scan.
-
-    The discretisation (dt + dt_bias, softplus, clamp to dt_limit; x*dt, A*dt; B/C shared by
-    head groups) follows Mamba2; the chunked scan is mamba-ssm's ``ssd_minimal_discrete``, run
-    over [0, resume_at) and then [resume_at, position) from the first chunk's final state.
-    """
+    """SSM state after ``position`` tokens from recorded scan inputs, by the reference scan:
+    Mamba2's discretisation, then ``ssd_minimal_discrete`` over [0, resume_at) and
+    [resume_at, position) from the first chunk's final state."""
     ssd = load_ssd_minimal()
     x, dt, A, B, C = (rec[k] for k in ("hidden_states", "dt", "A", "B", "C"))
     if rec.get("dt_bias") is not None:

@@ -1,16 +1,9 @@
 """The CPU A/B: one trace replayed through stock SGLang caches and the Marconi cache.
 
-Each cache gets fresh pools of the same size (``pools``) and the same request sequence,
-driven through the scheduler's calls (``replay``). Everything compared is measured the
-same way for every cache, from outside it: tokens hit (what each prefill skipped), FLOPs
-saved (the cost model's prefill FLOPs of the hit), states admitted (inserts that stored a
-new SSM state) and evicted (``EvictResult.mamba_num_evicted``), peak slots in use, and the
-wall time of the cache bookkeeping per request. With a host tier (SGLang's HiCache,
-``PoolConfig.hicache_*``) a prefill also skips what was loaded back from host: hits and
-FLOPs saved count device and host hits, and a ``host`` section says what crossed between
-the tiers (tokens and states loaded back and backed up, in the model's bytes) and what
-each tier evicted (``instrument_host``).
-"""
+Each cache gets fresh pools of the same size and the same requests, driven through the
+scheduler's calls (``replay``), and is measured from outside the same way: tokens hit,
+FLOPs saved, states admitted and evicted, peak slots, bookkeeping time. With a host tier a
+``host`` section says what crossed between the tiers and what each evicted."""
 from __future__ import annotations
 
 import contextlib

@@ -20,13 +20,9 @@ def quantile(xs, q: float) -> float:
 
 
 class GCPauses:
-    """The collector's pauses while installed (``gc.callbacks``): count, longest, total.
-
-    ``total`` only grows, so a timed call subtracts ``total`` read at its end minus at its
-    start to keep its own time. ``freeze=True`` moves every object alive now (the trace,
-    the other runs' leftovers) to the permanent generation for the duration, as a server's
-    scheduler process holds no trace: collections then scan only what the run allocates.
-    """
+    """The collector's pauses while installed (``gc.callbacks``): count, longest, total (which
+    only grows: a timed call subtracts its change). ``freeze=True`` moves what is alive now to
+    the permanent generation for the duration, as a server holds no trace."""
 
     def __init__(self, freeze: bool = True):
         self.count = 0

@@ -1,14 +1,9 @@
 """Hugging Face configs -> ``HybridModelSpec``, one builder per architecture SGLang serves.
 
-Configs are read with transformers' own config classes (``AutoConfig.for_model``) or, inside
-SGLang's server, SGLang's class for the architecture (``sglang/srt/configs/``), which stores
-some fields under other names; every builder gives the same spec from either class
-(tests/test_sglang_configs.py). Bytes are what SGLang's pools hold on one tensor-parallel
-rank, in the dtypes of ``dtypes.cache_dtypes`` (tests/test_server_bytes.py compares them
-with the pools SGLang builds); FLOPs are the whole model's. ``SGLANG_REFUSED`` names the
-SGLang hybrid classes no builder covers. Bad input raises ``UserError`` naming the file,
-the architecture and the field.
-"""
+Configs are read with transformers' classes or, in the server, SGLang's (some fields under
+other names); every builder gives the same spec from either. Bytes are one tensor-parallel
+rank's, in ``dtypes.cache_dtypes``; FLOPs the whole model's. ``SGLANG_REFUSED`` names the
+classes no builder covers. Bad input raises ``UserError`` naming file, architecture, field."""
 from __future__ import annotations
 
 import json
@@ -148,12 +143,9 @@ def _nemotron_h(r):
 
 
 def _qwen3_next(r):
-    """Qwen3-Next and Qwen3.5 (text config): GDN or gated full attention, then MLP/MoE.
-
-    The layer pattern is transformers' ``layer_types`` or, on SGLang's config classes (which
-    drop ``layer_types``), ``layers_block_type`` (from ``full_attention_interval``). Dense
-    Qwen3.5 (``qwen3_5_text``) has a dense MLP in every layer: SGLang's class inherits
-    Qwen3-Next's ``num_experts=512`` default, which its model ignores for that type."""
+    """Qwen3-Next and Qwen3.5 (text config): GDN or gated full attention, then MLP/MoE; the
+    pattern from ``layer_types`` or SGLang's ``layers_block_type``. Dense Qwen3.5 has a dense
+    MLP in every layer (SGLang's class inherits ``num_experts=512``, which its model ignores)."""
     hidden = r.int("hidden_size")
     gdn = gdn_layer(hidden, r.int("linear_num_key_heads"), r.int("linear_num_value_heads"),
                     r.int("linear_key_head_dim"), r.int("linear_value_head_dim"),

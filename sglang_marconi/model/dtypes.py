@@ -1,13 +1,9 @@
 """The dtypes SGLang 0.5.23 stores a hybrid model's cache in, by SGLang's own rules.
 
-- temporal SSM state (``srt/configs/mamba_utils.py`` ``mamba2_state_dtype``):
-  ``--mamba-ssm-dtype`` (the server sets ``SGLANG_MAMBA_SSM_DTYPE`` from it), else that
-  variable, else the config's ``mamba_ssm_dtype`` for the architectures whose SGLang class
-  passes its config (``READS_CONFIG_SSM_DTYPE``), else float32;
-- conv state: ``SGLANG_MAMBA_CONV_DTYPE``, else bfloat16;
-- KV: ``--kv-cache-dtype`` (``auto`` is the model's dtype; fp8 variants 1 byte).
-``tests/test_server_bytes.py`` holds these equal to SGLang's functions and pools.
-"""
+Temporal SSM state: ``--mamba-ssm-dtype`` / ``SGLANG_MAMBA_SSM_DTYPE``, else the config's
+``mamba_ssm_dtype`` where SGLang's class reads it (``READS_CONFIG_SSM_DTYPE``), else float32;
+conv state: ``SGLANG_MAMBA_CONV_DTYPE``, else bfloat16; KV: ``--kv-cache-dtype`` (``auto``:
+the model's). ``tests/test_server_bytes.py`` holds these equal to SGLang's pools."""
 from __future__ import annotations
 
 import os

@@ -1,16 +1,8 @@
 """GPU presets: the datasheet numbers the time models read (peak FLOP/s, HBM and host-link
-bandwidth) and the assumed efficiencies, one home for the serving replay's clock
-(``serving.gpu_model``) and the two-tier rule's load cost (``policy.host_tier``).
-
-Peaks are the vendors' datasheet numbers (dense BF16 tensor-core FLOP/s, HBM bandwidth):
-NVIDIA A100 SXM 80GB datasheet (312 TFLOP/s, 2.039 TB/s); H100 SXM datasheet (989 TFLOP/s,
-3.35 TB/s); H200 SXM datasheet (989 TFLOP/s, 4.8 TB/s); B200 (HGX B200 datasheet: 2.25
-PFLOP/s dense BF16, 8 TB/s). The host link (HiCache's host -> device load-back,
-``pcie_bytes_s``) is one direction of the datasheets' bidirectional PCIe figure: A100 "PCIe
-Gen4: 64 GB/s" -> 32 GB/s; H100 and H200 "PCIe Gen5: 128 GB/s" -> 64 GB/s; B200 assumed the
-same Gen5 x16 link as the H200 (not checked against a datasheet). MFU, HBM efficiency and
-the step overhead are assumptions, not measurements: no GPU was available to calibrate them.
-"""
+bandwidth) and the assumed efficiencies, for the serving replay's clock and the two-tier
+rule's load cost. Peaks are dense BF16 datasheet figures; ``pcie_bytes_s`` is one direction
+of the datasheet's PCIe figure (B200's assumed as the H200's). MFU, HBM efficiency and the
+step overhead are assumptions, not measurements."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace

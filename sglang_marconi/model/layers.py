@@ -1,15 +1,7 @@
 """Per-layer cost formulas: bytes a layer keeps per cached token / per checkpoint, and the
-FLOPs it spends to prefill tokens.
-
-Conventions (documented in docs/design.md):
-- a matmul of (L x a) by (a x b) costs 2*L*a*b FLOPs;
-- attention scores and the weighted sum cost 2*L^2*(heads*head_dim) each, without causal
-  halving (the paper's 4*L^2*D term), so saved FLOPs include the quadratic term;
-- the LM head and embeddings are left out: a prefill computes logits for the last token only,
-  so they do not change with the cached prefix;
-- SSM layers are linear in L; their state is fixed-size: temporal (recurrent) state plus the
-  convolution window.
-"""
+FLOPs it spends to prefill tokens (docs/design.md): a matmul costs 2*L*a*b; attention
+2*L^2*(heads*head_dim) twice, without causal halving; LM head and embeddings left out; SSM
+layers linear in L with a fixed-size state (temporal plus convolution window)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -87,12 +79,9 @@ class MLAAttentionLayer(AttentionLayer):
 class SSMLayer:
     """A recurrent layer with a fixed-size state: Mamba1, Mamba2 or gated delta net.
 
-    ``proj_flops_per_token`` covers in/out projections and the convolution;
-    ``scan_flops_per_token`` the recurrence. State bytes: ``temporal_elems`` in
-    ``state_dtype_bytes`` plus ``conv_elems`` in ``conv_dtype_bytes``. ``state_head_dim``
-    is the temporal state's middle axis (SGLang's ``(heads, head_dim, state_size)``): an
-    int8 checkpoint keeps one scale per ``head_dim`` values.
-    """
+    ``proj_flops_per_token``: projections and convolution; ``scan_flops_per_token``: the
+    recurrence. State bytes: ``temporal_elems`` and ``conv_elems`` in their dtypes;
+    ``state_head_dim`` is the middle axis an int8 checkpoint keeps one scale per."""
 
     kind: str  # "mamba1" | "mamba2" | "gdn" | "mamba" (the paper's own formula)
     temporal_elems: int

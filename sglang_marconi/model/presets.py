@@ -1,11 +1,6 @@
-"""Named model presets.
-
-- ``paper-7b``: the Marconi paper's 7B hybrid exactly (4 attention, 24 Mamba, 28 MLP layers,
-  D = 4096, N = 128, fp16, the paper's own FLOP formulas and state layout).
-- one preset per hybrid architecture SGLang serves whose config class the pinned
-  transformers ships, named after its ``model_type``; the layer pattern and sizes are that
-  class's defaults, with ``PRESET_OVERRIDES`` where the defaults are not hybrid.
-"""
+"""Named model presets: ``paper-7b`` (the Marconi paper's 7B hybrid exactly) and one preset
+per hybrid architecture SGLang serves whose config class the pinned transformers ships,
+named after its ``model_type`` (the class's defaults, with ``PRESET_OVERRIDES``)."""
 from __future__ import annotations
 
 from sglang_marconi.errors import UserError

@@ -1,16 +1,9 @@
 """``HybridModelSpec``: what a hybrid model's cache entries weigh and what a hit saves.
 
-A spec is an ordered list of layers (attention, SSM, MLP/MoE) built from a Hugging Face
-config (see ``configs``), a named preset (see ``presets``), or by hand. Every number the
-policy and simulator use comes from here:
-
-- ``kv_bytes_per_token``: KV of one token across all attention layers;
-- ``ssm_state_bytes``: one SSM checkpoint (temporal + conv state of every SSM layer);
-  both as one tensor-parallel rank's pools hold them (``tp_size``, ``cache_dtypes``);
-- ``prefill_flops(L)``: FLOPs to prefill L tokens from scratch;
-- ``flops_saved(T, P)``: FLOPs a hit of length T saves over a hit of length P, which is
-  ``prefill_flops(T) - prefill_flops(P)`` (attention's quadratic term included).
-"""
+A spec is an ordered list of layers (attention, SSM, MLP/MoE) from a Hugging Face config,
+a preset or by hand: ``kv_bytes_per_token``, ``ssm_state_bytes`` (as one tensor-parallel
+rank's pools hold them), ``prefill_flops(L)`` and ``flops_saved(T, P)`` =
+``prefill_flops(T) - prefill_flops(P)``."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace

@@ -1,12 +1,8 @@
 """Choosing alpha (the weight of FLOP efficiency against recency) from the live trace.
 
-The paper's bootstrap: record requests until the first eviction; once k times that many
-requests have been seen (k = ``multiplier``, 5 by default, 15 for short-turn chat), replay the
-recorded window on fresh copies of the cache for a grid of alphas (0 to 2 step 0.1) and keep
-the alpha that saves the most prefill FLOPs (ties: the smallest alpha, i.e. closest to LRU).
-It is fitted once. The replay itself is supplied by the caller (``replay(window, alpha) ->
-FLOPs saved``: the simulator's ``PrefixCache``).
-"""
+The paper's bootstrap: record requests until the first eviction; after ``multiplier`` times
+that many, replay the window on fresh caches for alphas 0 to 2 step 0.1 and keep the one
+saving the most FLOPs (ties: the smallest). Fitted once; the caller supplies the replay."""
 from __future__ import annotations
 
 from sglang_marconi.policy import defaults

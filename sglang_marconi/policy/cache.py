@@ -1,16 +1,9 @@
 """``PrefixCache``: a byte-budgeted hybrid prefix cache driven one request at a time.
 
-It ties together the tree (``tree``), the admission rule (``admission``), FLOP-aware
-eviction (``scoring``) and alpha tuning (``alpha``), and keeps the statistics the simulator
-reports. It holds no tensors: ``on_evict`` lets a caller keep real states keyed by node id
-(the exactness check does).
-
-Per request: ``plan = begin(input_tokens)`` (match, speculative insertion: where to
-checkpoint during prefill), then ``finish(plan, full_tokens)`` with the tokens whose KV
-exists at the end (input + output minus the last sampled token): admission, eviction to make
-room, insertion. The byte budget is never exceeded: when eviction cannot free enough, the
-request's admission is cut back to its branch-point state, or to nothing, and counted.
-"""
+It ties the tree, the admission rule, FLOP-aware eviction and alpha tuning together and
+keeps the simulator's statistics; it holds no tensors (``on_evict`` lets a caller keep
+them). Per request: ``plan = begin(input_tokens)``, then ``finish(plan, full_tokens)``. The
+budget is never exceeded: admission is cut back when eviction cannot free enough."""
 from __future__ import annotations
 
 import itertools
@@ -82,16 +75,10 @@ class RequestPlan:
 class PrefixCache:
     """A hybrid prefix cache with Marconi (or vLLM+ block) admission and scored eviction.
 
-    ``alpha`` is a number (0 = LRU), ``"auto"`` (bootstrap tuning) or ``"online"`` (shadow
-    caches, ``online`` = dict of ``OnlineAlpha`` options). ``capacity_bytes=None``
-    is unlimited. ``admission``: "marconi" or "block" (vLLM+: a state every ``block`` tokens).
-
-    ``marconi+`` options: ``reuse_weight`` (a ``ReuseWeight``: victims ranked by expected FLOPs
-    saved per byte, with GDSF aging instead of normalised recency), ``ghost_tokens`` (a
-    ``GhostIndex`` of that many tokens finds branch points past evictions) and
-    ``end_threshold`` (end-of-request states admitted only while their measured reuse rate
-    is at least this; needs the ghost index).
-    """
+    ``alpha``: a number (0 = LRU), ``"auto"`` (bootstrap) or ``"online"`` (``online``: the
+    ``OnlineAlpha`` options); ``capacity_bytes=None`` is unlimited; ``admission``: "marconi" or
+    "block". marconi+: ``reuse_weight`` (GDSF-aged expected FLOPs per byte), ``ghost_tokens``
+    (the ghost index) and ``end_threshold`` (end states admitted by measured reuse rate)."""
 
     def __init__(self, spec: CostModel, capacity_bytes: int | None = None, alpha=0.0,
                  admission: str = "marconi", grid: int = 1, block: int = 32,

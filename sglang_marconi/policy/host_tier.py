@@ -54,13 +54,9 @@ def demoted_efficiency(link: HostLink, efficiency: float, freed_bytes: float,
 
 
 def tail_counts_toward_backup(write_back: bool, backup_threshold: int) -> bool:
-    """Whether the host tier backs a node up only on a later insert: SGLang counts the
-    inserts through a node (``hit_count``) and writes it to host when the count reaches
-    ``write_through_threshold`` (``write_through``: 1, at its first insert;
-    ``write_through_selective``: 2), except under write_back (``is_write_back``), which
-    backs up at eviction, never by count. When it does, an end state marconi+'s learned
-    usefulness would refuse is admitted: its insert is the first of the tail's count (the
-    module doc)."""
+    """Whether the host tier backs a node up only on a later insert (``write_through_threshold``
+    above 1, not write_back): then an end state marconi+ would refuse is admitted, its insert
+    the first of the tail's count."""
     return not write_back and backup_threshold > 1
 
 

@@ -1,16 +1,9 @@
 """Alpha that follows the traffic (``marconi:alpha=online``).
 
-A few shadow caches, each a metadata-only ``PrefixCache`` with one fixed alpha, see the
-same request stream as the real cache. Every ``period`` requests the real cache compares the
-FLOPs each shadow saved over the last ``window`` requests and moves to the best alpha if it
-beats the shadow of the alpha in use by more than ``hysteresis`` (relative), so noise does
-not make it flap. Shadows can be miniature (``sample``): only requests whose first token
-hashes into the sample go to them, with the capacity scaled by the same rate; prefixes never
-span two first tokens, so this spatial sampling keeps each sampled prefix family whole.
-
-The bootstrap tuner (``alpha``) fits once; this keeps fitting, at the price of the shadows'
-bookkeeping.
-"""
+Shadow ``PrefixCache``s, one per fixed alpha, see the same requests; every ``period``
+requests the cache moves to the alpha whose shadow saved the most FLOPs over the last
+``window`` requests when it beats the current one by more than ``hysteresis``. Shadows can be
+miniature (``sample``: requests whose first token hashes into the sample, capacity scaled)."""
 from __future__ import annotations
 
 from sglang_marconi.policy import defaults

@@ -1,14 +1,9 @@
 """The radix tree of a hybrid-model prefix cache (metadata only: no tensors).
 
-Each node holds the tokens of its edge (whose KV it owns) and at most one SSM-state
-checkpoint, taken at the end of its edge. A hit ends only at a node with a state; the match
-also reports the longest KV-only match, which is what speculative insertion uses to find
-branch points. Eviction candidates (kept in a ``VictimQueue``) are unlocked nodes with no
-children (evicting deletes the node: its state and its own KV) and unlocked nodes with one
-child and a state (evicting drops the state; the edge then merges into the child).
-
-Token sequences are numpy int64 arrays; an edge comparison is one vectorised compare.
-"""
+A node holds its edge's tokens and at most one SSM checkpoint at the edge's end; a hit ends
+only at a node with a state, and the match also reports the longest KV-only match (for
+speculative insertion). Candidates: unlocked leaves (deleted) and unlocked one-child nodes
+with a state (the state dropped). Token sequences are numpy int64 arrays."""
 from __future__ import annotations
 
 import itertools

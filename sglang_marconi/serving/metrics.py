@@ -112,12 +112,9 @@ def summarize(sched, spec, cache: str, load, wall_s: float) -> dict:
 
 
 def host_stats(sched, spec) -> dict:
-    """With a host tier: ``host_hit_tokens`` and the ``host`` section, ``ab``'s (hits
-    loaded back and the FLOPs they saved beyond the device hit, tokens and states loaded
-    and backed up, bytes, host evictions, L3 tokens fetched) plus the clock's share
-    (``load_s_total``: load-back seconds of every extend step; ``load_exposed_s_total``:
-    the part longer than the step's forward, what the load added to the clock), the
-    device's evictions, and the TTFT of the requests that loaded from host. {} without."""
+    """With a host tier: ``host_hit_tokens`` and ``ab``'s ``host`` section plus the clock's share
+    (``load_s_total``, ``load_exposed_s_total``), the device's evictions and the TTFT of the
+    requests that loaded from host. {} without."""
     if sched.host is None:
         return {}
     recs = [r for r in sched.records.values() if r.hit_len is not None]

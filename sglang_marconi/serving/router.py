@@ -176,14 +176,10 @@ class RandomRouter:
 
 
 class DataParallelRoundRobin(RoundRobinRouter):
-    """SGLang 0.5.23's in-server data parallelism (``--dp-size N``): its
-    ``DataParallelController`` dispatches each tokenized request to a DP rank, by default
-    (``--load-balance-method auto`` -> ``round_robin`` outside PD disaggregation,
-    ``srt/arg_groups/serving_hook.py`` 217-234) with ``round_robin_scheduler``
-    (``srt/managers/data_parallel_controller.py`` 880-899): a counter modulo the active
-    ranks, a rank whose status is down skipped. No rank is ever down here, so the choice is
-    the counter's, as sglang-router's round_robin; each rank is its own scheduler with its
-    own pools and radix cache (one GPU each)."""
+    """SGLang 0.5.23's in-server data parallelism (``--dp-size N``): the
+    ``DataParallelController``'s default ``round_robin_scheduler``
+    (``data_parallel_controller.py`` 880-899), a counter modulo the ranks (none is ever down
+    here); each rank is its own scheduler with its own pools and radix cache."""
 
     name = "dp_round_robin"
 

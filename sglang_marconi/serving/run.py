@@ -93,21 +93,10 @@ def run_summary(name, sched, setup: ServeSetup, requests, load, rate_scale, wall
 
 def run_interleaved(names, requests, setup: ServeSetup, load=None, rate_scale=None,
                     progress: Optional[Callable] = None) -> list:
-    """Every cache of ``names`` at one load, their schedulers stepped in turn (one loop
-    iteration each per round, the first of the round rotating) in one process; returns
-    [(summary, scheduler)].
-
-    Each run is the one ``run_serving`` makes (its own pools, cache, virtual clock and the
-    same arrivals; each cache keeps its own copy of SGLang's process-global access-time
-    counter, ``harness.ab.OwnAccessClock``), so with ``--bookkeeping off`` the runs are the
-    runs made one after the other; with bookkeeping measured only the measured times
-    differ, and that is the point: a shared machine's speed drifts by tens of percent over
-    minutes, runs made one after the other each see a different part of the drift, while
-    interleaved runs see the same, so ratios of their bookkeeping are not the drift's. The
-    collector's pauses are the process's (every run's GC columns count all of them; each
-    run's cache time still leaves out the pauses inside it); ``wall_s`` is the whole
-    interleaved run's; every cache is alive at once (memory: the sum of the runs').
-    """
+    """Every cache of ``names`` at one load, their schedulers stepped in turn (one loop iteration
+    each per round, the first rotating) in one process; returns [(summary, scheduler)]. Each
+    run is ``run_serving``'s (own pools, cache, clock and access-time counter), so only
+    measured times differ, and a shared machine's speed drift hits every cache alike."""
     cfg = ABConfig(pools=setup.pools, spec=setup.spec, settings=setup.settings,
                    unified=setup.unified, l3=setup.l3)
     times = arrivals(setup, requests, load, rate_scale)

@@ -1,15 +1,9 @@
 """Per-request admission plans of the Marconi cache, tied to the request's lifetime.
 
-A match (``on_match``) plans which of the request's states the tree will keep; the MAMBA
-component asks ``admit_intermediate`` / ``admit_final`` when SGLang inserts one, and the
-rule that answers is the policy package's (``policy.snapshot_admission``). The plan lives on the
-request object itself (``req.marconi_plan``), never in a table of the cache: a request that
-SGLang drops without releasing its KV (aborted while waiting: ``scheduler.abort_request``
-pops it from the waiting queue, and ``release_kv_cache`` returns before ``on_release``
-when it holds no KV) takes its plan with it. A release (finish, abort while running,
-retraction) detaches the plan (``take_plan``); a retracted request re-matches and gets a
-new one. ``live_plans`` (a weak set) counts the plans still reachable, for the leak tests.
-"""
+A match (``on_match``) plans which states the tree will keep; the MAMBA component asks
+``admit_intermediate`` / ``admit_final`` (``policy.snapshot_admission`` answers). The plan
+lives on the request (``req.marconi_plan``), so a request SGLang drops unreleased takes it
+along; a release detaches it (``take_plan``). ``live_plans`` counts plans still reachable."""
 from __future__ import annotations
 
 import weakref

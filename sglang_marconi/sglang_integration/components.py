@@ -69,12 +69,8 @@ def token_depth(node) -> int:
 
 
 def cached_state_depth(tree, node) -> int:
-    """``ranking.nearest_state_depth`` of ``node``, kept on the node. A node's nearest
-    checkpointed ancestor changes only when a state appears or goes between them (a split
-    inserts a node without a state; only leaves are deleted), and every such change runs
-    ``rekey_state_change``, which forgets the answers of the node that changed and of the
-    states below it down to the next state (``ranking.states_below``), the only nodes
-    whose answer it changes that rank above 0. For ``SGLANG_TREE`` (device states)."""
+    """``ranking.nearest_state_depth`` of ``node``, kept on the node (device states); every change
+    that can move it runs ``rekey_state_change``, which forgets the answers it changes."""
     d = getattr(node, STATE_DEPTH, None)
     if d is None:
         d = nearest_state_depth(tree, node)
@@ -468,12 +464,9 @@ class MarconiFullComponent(_ScoredQueue, FullComponent):
             self.queue.discard(node)
 
     def children_changed(self, node) -> None:
-        """The tree re-evaluates a node's leaf status when its children change (and on
-        every lock and unlock along a path): marconi+ weighs a state by its children (one:
-        a chain) and the most it had (two: a branch point). Its key is recomputed only
-        when that weight moved since it was keyed: its other inputs (recency, the nearest
-        checkpointed ancestor, the hit count) re-key it where they change, so the key
-        would come out the same."""
+        """On a change of children (and every lock and unlock along a path): re-key a state only when
+        marconi+'s weight by its children moved since it was keyed (its other inputs re-key it
+        where they change)."""
         policy = self.cache.marconi
         if not policy.ranking.weighs_nodes or not has_state(node):
             return

@@ -88,14 +88,8 @@ def joint_efficiency(cache, node, leaf: bool) -> float:
 
 def joint_rows(cache, bases: dict) -> list:
     """(node, ``joint_recency``, ``joint_efficiency``, aging base) of the joint walk's valid
-    candidates among ``bases`` (node -> aging base), oldest first (a stable sort: ties keep
-    ``bases``' order). The same values as those two functions, with what is common to
-    every candidate read once and the per-candidate rules inlined (``freed_bytes``,
-    ``per_byte`` and ``weighted_efficiency``'s arithmetic in the same order, so the same
-    floats; ``marconi_checks.invariants.check_joint_build`` compares a build with a fresh
-    computation): a build ranks about 600 candidates, once per state-slot allocation on a
-    full buffer, and was most of the longest steps' cache time and, for marconi+, a third
-    of its cache time on a whole trace."""
+    candidates among ``bases`` (node -> aging base), oldest first (stable). The same floats as
+    those two functions, with what is common read once and the per-candidate rules inlined."""
     policy = cache.marconi
     spec = policy.spec
     kv_bytes, state_bytes = spec.kv_bytes_per_token, spec.ssm_state_bytes

@@ -203,17 +203,10 @@ def gen_drift(p: DriftParams, seed: int = 0) -> Trace:
 
 @dataclass
 class AlphaShiftParams:
-    """``alpha-shift``: scan, steady, scan (``requests_per_phase`` requests each). Every
-    request is a prompt + ``question`` fresh tokens, with ``output`` fresh output tokens.
-
-    Scan phases (LRU's): each request goes to the hot pool with probability ``hot_share``
-    (one of ``hot_prompts`` prompts of ``hot_len`` tokens, uniformly at random), otherwise it
-    reads a long document (``long_len`` tokens) that is new, read ``doc_reads`` times back to
-    back and never again. Steady phase (FLOP-aware eviction's): with probability
-    ``doc_share`` one of ``steady_docs`` long documents (uniformly at random, the same ones
-    for the whole phase), otherwise a short prompt (``short_len`` tokens) drawn from a pool
-    of ``short_prompts`` (large: nearly every one is seen once).
-    """
+    """``alpha-shift``: scan, steady, scan (``requests_per_phase`` each), every request a prompt
+    plus ``question`` fresh tokens. Scan phases (LRU wins): hot prompts (``hot_share``) between
+    one-off long documents read ``doc_reads`` times. Steady phase (FLOP-aware wins): a fixed
+    set of ``steady_docs`` long documents (``doc_share``) between one-off short prompts."""
     requests_per_phase: int = 600
     long_len: int = 4000         # tokens of a long document (both phases)
     hot_prompts: int = 8         # scan: the pool of short prompts that keeps being reused

@@ -1,11 +1,8 @@
 """Replays a trace through one or more cache policies and reports what each saved.
 
-Requests are replayed one at a time in arrival order (each finishes before the next
-starts), as in the paper's simulator. Per policy: token and request hit rates, FLOPs saved
-(absolute and as a fraction of all prefill FLOPs), checkpoints admitted and evicted, peak
-bytes, the TTFT model's P50/P95, hit rates of short and long requests, the alpha in use at
-the end, and the replay wall time. Policies can run in parallel processes (``jobs``).
-"""
+Requests run one at a time in arrival order, as in the paper's simulator. Per policy: hit
+rates, FLOPs saved, checkpoints admitted and evicted, peak bytes, the TTFT model's P50/P95,
+the final alpha and the wall time. Policies can run in parallel processes (``jobs``)."""
 from __future__ import annotations
 
 import multiprocessing as mp
