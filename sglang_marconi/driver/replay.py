@@ -184,10 +184,8 @@ class Replayer:
         self._track_decode_state(req)
 
     def _decode_alloc(self, req) -> None:
-        """``prepare_for_decode`` for one token. On a page boundary this is SGLang's
-        ``alloc_for_decode_default`` (the step that can allocate a page and evict);
-        inside a page the paged allocator only hands out ``last_loc + 1``, which is
-        written directly (the same row write and length bumps, 60x fewer torch calls)."""
+        """``prepare_for_decode`` for one token: SGLang's ``alloc_for_decode_default`` on a page
+        boundary; inside a page its effect (``last_loc + 1``) written directly."""
         seq_len = req.kv.kv_committed_len
         if seq_len % self.cache.page_size == 0:
             batch = ReplayBatch(self.cache, req, self.mamba_chunk_size)
@@ -214,11 +212,8 @@ class Replayer:
                 return done.value
 
     def steps(self, rr: ReplayRequest, decode_block: int = 64):
-        """``run`` in steps: yields the work of each step in token units (a prefill chunk:
-        its tokens, the first one with the matched prefix; a block of ``decode_block``
-        decode steps: ``DECODE_STEP_WEIGHT`` units a step, measured on CPU) and
-        returns the ``RequestOutcome`` (the release, which inserts the whole sequence,
-        is the generator's last step)."""
+        """``run`` in steps: yields each step's work in token units (a prefill chunk's tokens, or
+        ``DECODE_STEP_WEIGHT`` per decode step of a ``decode_block``) and returns the outcome."""
         seconds = 0.0
         t0 = time.perf_counter()
         input_len = len(rr.input_ids)

@@ -38,10 +38,8 @@ class PoolSizes:
 
     @property
     def mamba_slot_ids(self) -> int:
-        """The state slots SGLang's allocator hands out: the static pool's, or under unified
-        memory a buffer full of states (``UnifiedKVPool``: ``total_bytes // entry_bytes``
-        ids, slot 0 reserved; ``unified_memory_pool.py`` ~533-544, ~1382), whatever the
-        static split says; ids run out only after bytes do."""
+        """The state slots SGLang's allocator hands out: the static pool's, or under unified memory
+        a buffer full of states (``total_bytes // entry_bytes`` ids, slot 0 reserved)."""
         if self.mode == "unified":
             return self.unified_bytes // self.state_bytes - 1
         return self.mamba_slots

@@ -75,11 +75,8 @@ def load_ssd_minimal():
 
 @contextlib.contextmanager
 def record_scan_inputs(model, modeling_module: str):
-    """Record the chunk-scan inputs of every Mamba2 layer of ``model`` during the block.
-
-    Yields a dict layer_idx -> scan arguments (as named by the model's ``mamba2_chunk_scan``).
-    The current layer comes from a forward pre-hook on each mixer (a module with ``A_log``).
-    """
+    """Yield a dict layer_idx -> the chunk-scan arguments of every Mamba2 layer of ``model``
+    during the block (the layer from a forward pre-hook on each mixer with ``A_log``)."""
     mod = importlib.import_module(modeling_module)
     original = mod.mamba2_chunk_scan
     signature = inspect.signature(original)

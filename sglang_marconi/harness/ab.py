@@ -38,11 +38,8 @@ CACHES = {
 
 
 class OwnAccessClock:
-    """One cache's copy of SGLang's process-global access-time counter, for caches run
-    side by side in one process (the bookkeeping benchmark, ``serve-sim --interleave``):
-    entered around each of that cache's turns, so its recency values are spaced as in a
-    run of that cache alone (Marconi normalises recency by its range: the other caches'
-    ticks in between would change its order, and its decisions)."""
+    """One cache's copy of SGLang's process-global access-time counter, entered around each of
+    its turns when caches run side by side, so its recency values are those of a run alone."""
 
     def __init__(self):
         self.value = access_clock._LAST_ACCESS_TIME_COUNTER_FLOAT

@@ -63,10 +63,8 @@ class GCPauses:
 
 
 class CallTimer:
-    """Wraps the cache methods the scheduler calls (``CALLS``) and keeps the wall time of
-    each outermost call (a call made inside another is part of it): ``max`` is the longest
-    single cache call. With ``gc_pauses`` the collector's pauses inside a call are not the
-    call's time."""
+    """Wraps the cache methods the scheduler calls (``CALLS``) and keeps each outermost call's
+    wall time, less the collector's pauses with ``gc_pauses``: ``max`` is the longest."""
 
     CALLS = ("match_prefix", "lock", "unlock", "checkpoint", "evict", "evict_for_alloc",
              "free_kv_row", "on_release")

@@ -70,10 +70,8 @@ class _Reader:
         return value
 
     def first(self, fields):
-        """The first of ``fields`` the config sets, as (name, value); (fields[0], None) when
-        none is. SGLang's own config classes (what ``model_config.hf_config`` is in the
-        server) do not always store a field under transformers' name: SGLang's
-        Qwen3NextConfig drops ``layer_types`` and derives ``layers_block_type`` instead."""
+        """The first of ``fields`` the config sets, as (name, value), else (fields[0], None): SGLang's
+        config classes store some fields under other names than transformers'."""
         for field in fields:
             value = getattr(self.cfg, field, None)
             if value is not None:
@@ -197,10 +195,8 @@ def _granite_moe_hybrid(r):
 
 
 def _kimi_linear(r):
-    """Kimi-Linear: KDA (delta rule, per-channel decay) or MLA full attention, then a dense
-    MLP (the first ``first_k_dense_replace`` layers) or MoE with shared experts. Reads
-    SGLang's ``linear_attn_config`` (1-based ``kda_layers``) or transformers'
-    ``layer_types`` / ``linear_num_heads``."""
+    """Kimi-Linear: KDA or MLA full attention, then a dense MLP (the first
+    ``first_k_dense_replace`` layers) or MoE; SGLang's ``linear_attn_config`` or transformers'."""
     cfg, hidden = r.cfg, r.int("hidden_size")
     lin = getattr(cfg, "linear_attn_config", None)
     if lin:

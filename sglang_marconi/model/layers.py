@@ -11,11 +11,8 @@ from sglang_marconi.errors import UserError
 
 @dataclass(frozen=True)
 class AttentionLayer:
-    """Full (global) softmax attention with GQA. ``q_factor`` is 2 for gated attention
-    (Qwen3-Next's q_proj also emits the output gate); ``in_dim`` is the width the Q/K/V
-    projections read. KV bytes are one tensor-parallel rank's (``tp``): SGLang's
-    ``get_num_kv_heads`` splits the KV heads and replicates them once there are fewer
-    heads than ranks. FLOPs are the whole model's."""
+    """Full softmax attention with GQA (``q_factor`` 2: gated attention; ``in_dim``: the Q/K/V
+    input width). KV bytes are one rank's (``get_num_kv_heads``); FLOPs the whole model's."""
 
     hidden: int
     num_heads: int
@@ -47,10 +44,8 @@ class AttentionLayer:
 
 @dataclass(frozen=True)
 class MLAAttentionLayer(AttentionLayer):
-    """Multi-head latent attention (Kimi-Linear's full-attention layers). SGLang's
-    ``MLATokenToKVPool`` keeps the compressed latent and the rope key per token,
-    (kv_lora_rank + qk_rope_head_dim) elements, on every rank. ``head_dim`` is the
-    nope part of the query/key head; ``num_kv_heads`` equals ``num_heads``."""
+    """Multi-head latent attention (Kimi-Linear): SGLang's ``MLATokenToKVPool`` keeps
+    kv_lora_rank + qk_rope_head_dim elements per token on every rank."""
 
     q_lora_rank: int = 0
     kv_lora_rank: int = 0
@@ -112,11 +107,8 @@ class SSMLayer:
 
 @dataclass(frozen=True)
 class MLPLayer:
-    """Dense MLP or MoE. FLOPs count only what runs for a token: ``active_experts`` routed
-    experts of width ``expert_size`` plus shared experts of ``shared_size`` total width, the
-    router, and a dense MLP of width ``dense_size``. ``gated`` MLPs (SwiGLU) have three
-    matrices, plain ones (ReLU^2, GELU) two. ``latent`` (NemotronH latent MoE) routes experts
-    in a narrower width, with a down and up projection around them."""
+    """Dense MLP or MoE, counting only what runs for a token (``active_experts`` routed, the
+    shared experts, the router, a dense part); ``gated``: three matrices; ``latent``: NemotronH."""
 
     hidden: int
     dense_size: int = 0
@@ -162,10 +154,8 @@ def _groups(n_groups: int, tp: int) -> int:
 
 def mamba2_layer(hidden, d_inner, nheads, d_state, n_groups, d_conv, state_bytes, conv_bytes,
                  tp=1) -> SSMLayer:
-    """A Mamba2 mixer. in_proj emits z, x, B, C, dt; conv1d over x, B, C; SSD scan
-    (per state element: decay, input, output ~ 6 FLOPs); out_proj. State: one rank's
-    (SGLang's ``Mamba2StateShape.create``): (heads/tp, head_dim, d_state) temporal, conv over
-    (d_inner + 2*groups*d_state)/tp channels with a window of d_conv - 1."""
+    """A Mamba2 mixer (in_proj, conv1d, SSD scan ~6 FLOPs per state element, out_proj); state as
+    one rank holds it (``Mamba2StateShape.create``)."""
     conv_dim = d_inner + 2 * n_groups * d_state
     proj = 2 * hidden * (2 * d_inner + 2 * n_groups * d_state + nheads) + 2 * d_inner * hidden
     proj += 2 * conv_dim * d_conv
@@ -195,10 +185,8 @@ def mamba1_layer(hidden, d_inner, d_state, d_conv, dt_rank, state_bytes, conv_by
 
 def gdn_layer(hidden, num_k_heads, num_v_heads, head_k_dim, head_v_dim, d_conv, state_bytes,
               conv_bytes, tp=1) -> SSMLayer:
-    """A gated delta net (Qwen3-Next / Qwen3.5 linear attention): in_proj_qkvz and in_proj_ba,
-    conv1d over q, k, v, the delta-rule recurrence (per head a dk x dv state: decay, k^T S,
-    rank-1 update, q S ~ 8 FLOPs per state element), out_proj. State: one rank's, laid out
-    as SGLang's Mamba2 shape with the key heads as groups."""
+    """A gated delta net (Qwen3-Next / Qwen3.5): projections, conv1d, the delta rule (~8 FLOPs
+    per state element), out_proj; state in SGLang's Mamba2 shape, key heads as groups."""
     key_dim = num_k_heads * head_k_dim
     value_dim = num_v_heads * head_v_dim
     conv_dim = 2 * key_dim + value_dim
@@ -215,11 +203,8 @@ def gdn_layer(hidden, num_k_heads, num_v_heads, head_k_dim, head_v_dim, d_conv, 
 
 
 def kda_layer(hidden, num_heads, head_dim, d_conv, state_bytes, conv_bytes, tp=1) -> SSMLayer:
-    """Kimi Delta Attention (Kimi-Linear): q, k, v, the per-channel gate and beta
-    projections, a short conv over q, k, v, the delta rule with a per-channel decay
-    (~8 FLOPs per state element), a gated out_proj. State (SGLang's
-    ``KimiLinearStateShape``): (heads/tp, head_dim, head_dim) temporal, (d_conv - 1) x 3 x
-    heads*head_dim/tp conv."""
+    """Kimi Delta Attention: projections, a short conv over q, k, v, the delta rule with a
+    per-channel decay (~8 FLOPs per state element); state as ``KimiLinearStateShape``."""
     proj_dim = num_heads * head_dim
     proj = (2 * hidden * 3 * proj_dim  # q, k, v
             + 2 * hidden * head_dim + 2 * head_dim * proj_dim  # low-rank decay gate f

@@ -182,11 +182,8 @@ class PrefixCache:
                                 self.max_states)
 
     def _end_position(self, plan: RequestPlan, full_len: int, adm) -> int:
-        """Where the request's end-of-request state is, or would be had the state cap not
-        given its only slot to the branch point (0: no new end state). The ghost index
-        marks it and ``end_usefulness`` counts it: the reuse rate of end states is a
-        property of the traffic, not of what was admitted. With two or more states per
-        request this is the last planned position."""
+        """Where the end-of-request state is, or would be had the cap not given its slot to the
+        branch point (0: none); the ghost index marks it and ``end_usefulness`` counts it."""
         if self.admission != "marconi":
             return adm.cached_len
         n = len(plan.input_tokens)

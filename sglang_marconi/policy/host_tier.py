@@ -44,10 +44,8 @@ def host_hit_value(spec: CostModel, link: HostLink, depth: int, ancestor_depth: 
 
 def demoted_efficiency(link: HostLink, efficiency: float, freed_bytes: float,
                        state_bytes: float, weight: float = 1.0) -> float:
-    """The device worth per freed byte of a node whose KV is on the host tier too: the
-    smaller of its ``efficiency`` (FLOPs saved per byte, reuse-weighted) and the load a
-    hit pays once its eviction has demoted it (its KV and a state, in FLOPs forgone, per
-    byte), times ``weight`` (marconi+'s reuse weight)."""
+    """The device worth per freed byte of a node whose KV is also on the host: the smaller of
+    ``efficiency`` and its load-back cost once demoted (in FLOPs per byte), times ``weight``."""
     if freed_bytes <= 0 or not efficiency:
         return efficiency
     return min(efficiency, link.load_flops(freed_bytes + state_bytes) / freed_bytes * weight)
@@ -62,10 +60,8 @@ def tail_counts_toward_backup(write_back: bool, backup_threshold: int) -> bool:
 
 def host_efficiency(spec: CostModel, link: HostLink, tree: TreeAdapter, node, own_tokens: int,
                     held_bytes: float, weight: Optional[Callable] = None) -> float:
-    """The host worth of ``node`` per byte it holds on the host tier: a hit at its end
-    over its nearest checkpointed ancestor (either tier), less the load of its own KV and
-    its state, times ``weight(node)`` (marconi+'s reuse weight) when given. 0 when no
-    state ends the node (``tree.has_state``: on either tier)."""
+    """The host worth of ``node`` per host byte: FLOPs a hit saves over its nearest ancestor with
+    a state (either tier) less its load, times ``weight(node)``; 0 without a state at its end."""
     if held_bytes <= 0 or not tree.has_state(node):
         return 0.0
     load = own_tokens * spec.kv_bytes_per_token + spec.ssm_state_bytes
@@ -75,10 +71,8 @@ def host_efficiency(spec: CostModel, link: HostLink, tree: TreeAdapter, node, ow
 
 
 class HostClock:
-    """marconi+'s GDSF inflation clock of one host pool: a node's base is the clock when
-    it was last touched (``base`` stamps it lazily: the caller names the event that marks
-    a touch, e.g. the node's access time). The stamp is kept on the node itself (attribute
-    ``attr``, one per clock), so it lives as long as the node."""
+    """marconi+'s GDSF inflation clock of one host pool; a node's base (the clock when last
+    touched) is stamped lazily on the node under ``attr``."""
 
     def __init__(self, attr: str = "_host_clock_stamp"):
         self.value = 0.0

@@ -211,11 +211,8 @@ class RadixTree:
         return True
 
     def insert(self, tokens, state_positions, now: float) -> tuple[dict, int]:
-        """Insert ``tokens`` with states at ``state_positions`` (ascending, each <= len).
-
-        Returns ({position: node} for every position, new states count). Nodes created or
-        given a state get ``last_access = now``. Byte accounting is updated; the caller makes
-        room first (see ``bytes_to_insert``)."""
+        """Insert ``tokens`` with states at ``state_positions`` (ascending): ({position: node}, new
+        states); the caller makes room first (``bytes_to_insert``)."""
         tokens = as_tokens(tokens)
         wanted = sorted(set(int(p) for p in state_positions))
         node, pos = self.root, 0

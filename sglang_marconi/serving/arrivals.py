@@ -35,10 +35,8 @@ def offered_seconds(requests, time_model, batch: int, chunk: int = 8192) -> floa
 
 def arrivals_for_load(timestamps, requests, time_model, load: float, seed: int = 0,
                       batch: int = 1, chunk: int = 8192, poisson: bool = False):
-    """Arrival seconds (sorted like ``timestamps``) for offered load ``load`` (> 0).
-    ``poisson``: seeded Poisson arrivals at that rate in the trace's order even where the
-    trace has timestamps (``--arrivals poisson``: the seed then varies the arrival process,
-    the requests and their order stay the trace's)."""
+    """Arrival seconds for offered load ``load`` (> 0); ``poisson``: seeded Poisson arrivals at
+    that rate in the trace's order."""
     ts = np.asarray(timestamps, dtype=float)
     span = offered_seconds(requests, time_model, batch, chunk) / load
     t0 = ts.min() if len(ts) else 0.0

@@ -57,11 +57,8 @@ def shared_prefix_len(a: str, b: str) -> int:
 
 
 class CharTree:
-    """The multi-tenant character radix tree of tree.rs (single-threaded).
-
-    ``first_epoch`` is the epoch counter's value before the first call: the binary's counter
-    is process-global (tree.rs 218) and start-up registration already takes some.
-    """
+    """The multi-tenant character radix tree of tree.rs (single-threaded); ``first_epoch``: the
+    process-global epoch counter's value before the first call."""
 
     def __init__(self, first_epoch: int = 0):
         self.root = Node("", None, {}, None)

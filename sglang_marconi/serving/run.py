@@ -39,10 +39,8 @@ class ServeSetup:
 
 def pool_config(sizes, max_context_len: int, chunked_prefill_size: int = 8192,
                 mamba_track_interval: int = 256, overlap: bool = True) -> PoolConfig:
-    """The CPU pools for SGLang's ``PoolSizes`` (unified mode: ``max_mamba_cache_size`` and
-    the KV tokens the buffer could hold; the buffer itself, and from it the allocator's
-    slot ids, is ``ServeSetup.unified``). ``overlap``: the scheduler loop, which sizes a
-    running request's ping-pong track buffer (2 slots under overlap, 1 without)."""
+    """The CPU pools for SGLang's ``PoolSizes`` (unified: the buffer is ``ServeSetup.unified``);
+    ``overlap`` sizes a request's ping-pong track buffer (2 slots, 1 without)."""
     return PoolConfig(kv_tokens=sizes.kv_tokens, mamba_slots=sizes.mamba_slots,
                       page_size=sizes.page_size, max_context_len=max_context_len,
                       max_running_requests=sizes.max_running_requests,
@@ -146,10 +144,8 @@ def run_interleaved(names, requests, setup: ServeSetup, load=None, rate_scale=No
 
 def run_grid(requests, setup: ServeSetup, caches, loads, rate_scale=None,
              show_progress: bool = True, interleave: bool = False) -> dict:
-    """Every cache at every load (or at ``rate_scale``): ``{"runs": [...], "ttft": {...}}``
-    (``ttft``: sorted per-request TTFTs by "cache@load", for the plots). ``interleave``:
-    the caches of one load run side by side (``run_interleaved``), not one after the
-    other."""
+    """Every cache at every load (or ``rate_scale``): ``{"runs": [...], "ttft": {...}}``;
+    ``interleave`` runs the caches of one load side by side."""
     runs, curves = [], {}
     points = [(None, rate_scale)] if rate_scale is not None else [(x, None) for x in loads]
     for load, scale in points:

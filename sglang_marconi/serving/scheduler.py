@@ -620,11 +620,8 @@ class ServingScheduler:
                 checkpoint_kv_cache(req, self.cache)         # prefill 384-386
 
     def _track_decode_state(self, batch, i: int, req) -> None:
-        """brp 1376-1427 and ``_mamba_prefix_cache_update`` (1527-1580), non-lazy, no
-        speculative decoding. ``lookahead`` is 1 when the next decode batch was prepared
-        before this result (overlap): the snapshot this step completed is at
-        ``kv_committed_len - lookahead``, and ``mamba_track_mask_next_cpu`` tells whether
-        the batch already in flight is at a boundary (then the next slot is swapped now)."""
+        """brp 1376-1427 and ``_mamba_prefix_cache_update`` (1527-1580), no speculative decoding;
+        ``lookahead`` 1 when the next decode batch was prepared before this result (overlap)."""
         if batch.mamba_track_mask_cpu is None or req.kv.mamba_ping_pong_track_buffer is None:
             return                                           # no extra_buffer
         completed = bool(batch.mamba_track_mask_cpu[i])

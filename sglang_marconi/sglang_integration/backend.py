@@ -32,11 +32,8 @@ def model_spec(model_config, server_args=None):
 
 
 def marconi_cache_factory(ctx, settings: MarconiSettings | None = None):
-    """Build ``MarconiUnifiedRadixCache`` the way SGLang builds its default hybrid cache.
-
-    ``settings`` default to ``SGLANG_MARCONI_SETTINGS``, which the plugin's flag hook
-    exported in the launcher (scheduler processes inherit them).
-    """
+    """Build ``MarconiUnifiedRadixCache`` the way SGLang builds its default hybrid cache;
+    ``settings`` default to ``SGLANG_MARCONI_SETTINGS`` (exported by the launcher)."""
     from sglang.srt.mem_cache.registry import (
         create_unified_radix_cache,
         default_radix_cache_factory,

@@ -79,10 +79,8 @@ def cached_state_depth(tree, node) -> int:
 
 
 def cached_flops_saved(spec, node) -> float:
-    """FLOPs a hit at ``node`` saves over its nearest checkpointed ancestor
-    (``spec.flops_saved`` of ``token_depth`` and ``cached_state_depth``), kept on the node
-    and forgotten with its state depth (a node's end depth never changes). One cost model
-    per tree (the cache's)."""
+    """FLOPs a hit at ``node`` saves over its nearest checkpointed ancestor, kept on the node and
+    forgotten with its state depth."""
     f = getattr(node, SAVED, None)
     if f is None:
         f = spec.flops_saved(token_depth(node), cached_state_depth(SGLANG_TREE, node))

@@ -171,10 +171,8 @@ def flag_fields():
 
 
 def check_host_tier(args) -> None:
-    """``--enable-hierarchical-cache`` works with the Marconi cache in SGLang's host-cache
-    mode, every write policy (tests/test_sglang_hicache.py); two combinations are not
-    built: the unified buffer's joint walk has no host tier, and buffer_only host memory
-    stages through the storage backend without a host cache."""
+    """``--enable-hierarchical-cache`` works with every write policy, except over the unified
+    buffer (no host tier in the joint walk) and with buffer_only host memory."""
     if getattr(args, "enable_unified_memory", False):
         raise ValueError("--cache-policy marconi: --enable-hierarchical-cache with "
                          "--enable-unified-memory is not supported (drop one of them)")
@@ -225,11 +223,8 @@ def settings_given(args) -> dict:
 
 
 def settings_from_namespace(args) -> Optional[MarconiSettings]:
-    """The settings a parsed namespace asks for (None when the policy is not marconi).
-
-    Raises ValueError for flags that conflict with ``--cache-policy marconi`` or that only
-    make sense with it.
-    """
+    """The settings a parsed namespace asks for (None when the policy is not marconi); ValueError
+    for flags that conflict with ``--cache-policy marconi`` or need it."""
     policy = getattr(args, "cache_policy", None) or "lru"
     if policy in DEPRECATED_POLICIES:
         logger.warning("--cache-policy %s is deprecated: it is now --cache-policy %s",
@@ -286,11 +281,8 @@ def apply_to_namespace(args, environ=None) -> Optional[MarconiSettings]:
 
 
 def validate_server_args(server_args) -> Optional[MarconiSettings]:
-    """A resolved ``ServerArgs`` from any entry point (``sglang.Engine(...)`` builds it
-    without the command line): with ``radix_cache_backend="marconi"``, the flags' checks
-    and messages on its fields and the settings the backend reads
-    (``SGLANG_MARCONI_SETTINGS``). A PD decode server, whose radix cache SGLang turned off,
-    passes (the backend steps aside). Raises ValueError."""
+    """A resolved ``ServerArgs`` from any entry point with ``radix_cache_backend="marconi"``: the
+    flags' checks and the settings hand-over; a PD decode server passes. Raises ValueError."""
     if getattr(server_args, "radix_cache_backend", None) != BACKEND_NAME:
         return None
     if (getattr(server_args, "disaggregation_mode", None) == "decode"

@@ -54,10 +54,8 @@ def _before_check_server_args(server_args, *args, **kwargs):
 
 
 class _BuiltInCacheView:
-    """``server_args`` as SGLang's int8-checkpoint check reads it (through
-    ``resolving_view``), with the ``marconi`` backend seen as the built-in cache: the
-    Marconi cache is SGLang's ``UnifiedRadixCache`` with SGLang's MAMBA component under
-    it, whose int8 store, load and free it inherits."""
+    """``server_args`` as SGLang's int8-checkpoint check reads it, the ``marconi`` backend seen as
+    the built-in cache (whose MAMBA component's int8 store, load and free it inherits)."""
 
     def __init__(self, server_args):
         self._server_args = server_args
