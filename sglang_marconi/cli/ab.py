@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from sglang_marconi.cli.common import (add_cache_dtype_arguments, describe_model,
+from sglang_marconi.cli.common import (add_trace_model_arguments, describe_model,
                                         run_with_sglang, server_model_kwargs)
 from sglang_marconi.cli.host_flags import (add_host_arguments, host_enabled, host_summary,
                                            resolve_host)
@@ -58,11 +58,7 @@ HOST_ROWS = (  # with a host tier (--hicache-*): the "host" section
 
 _positive = positive_int
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--trace", required=True, help="Mooncake or session JSONL trace")
-    model = parser.add_mutually_exclusive_group(required=True)
-    model.add_argument("--model", metavar="PRESET", help="model preset (cost model)")
-    model.add_argument("--config", metavar="PATH", help="HF config.json (cost model)")
-    add_cache_dtype_arguments(parser.add_argument_group("bytes per KV token and per state"))
+    add_trace_model_arguments(parser)
     parser.add_argument("--limit", type=_positive, default=None,
                         help="replay only the first N requests")
     add_replay_arguments(parser)

@@ -10,24 +10,21 @@ from sglang_marconi.driver.sizing import size_pools
 from sglang_marconi.errors import UserError
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
+def _positive(convert, what: str):
+    """An argparse type: ``convert(text)`` when it is > 0, else a one-line error."""
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not value > 0:
+            raise argparse.ArgumentTypeError(f"expected a positive {what}, got {text!r}")
+        return value
+    return parse
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+_positive_float = _positive(float, "number")
+positive_int = _positive(int, "integer")
 
 
 def add_pool_arguments(parser) -> None:

@@ -15,7 +15,7 @@ from sglang_marconi.cli.ab import _caches as parse_caches
 from sglang_marconi.cli.ab import _positive
 from sglang_marconi.cli.ab import _settings as settings_from_args
 from sglang_marconi.cli.ab import add_marconi_arguments
-from sglang_marconi.cli.common import (add_cache_dtype_arguments, describe_model,
+from sglang_marconi.cli.common import (add_trace_model_arguments, describe_model,
                                         run_with_sglang, server_model_kwargs)
 from sglang_marconi.cli.host_flags import host_enabled, host_summary, resolve_host
 from sglang_marconi.cli.pool_flags import (_positive_float, add_int8_arguments, check_int8,
@@ -80,11 +80,7 @@ def _loads(text: str) -> tuple:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--trace", required=True, help="Mooncake or session JSONL trace")
-    model = parser.add_mutually_exclusive_group(required=True)
-    model.add_argument("--model", metavar="PRESET", help="model preset (cost model)")
-    model.add_argument("--config", metavar="PATH", help="HF config.json (cost model)")
-    add_cache_dtype_arguments(parser.add_argument_group("bytes per KV token and per state"))
+    add_trace_model_arguments(parser)
     g = parser.add_argument_group("GPU time model (uncalibrated; presets: " + "; ".join(
         f"{p.name} {p.peak_flops / 1e12:g} TFLOP/s {p.hbm_bytes_s / 1e12:g} TB/s"
         for p in PRESETS.values()) + ")")

@@ -14,7 +14,7 @@ import statistics
 import tempfile
 import time
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 from sglang.srt.mem_cache.unified_cache.components import base as access_clock
@@ -80,7 +80,6 @@ class CacheCounters:
     states_evicted: int = 0
     kv_tokens_evicted: int = 0
     evict_calls: int = 0
-    extra: dict = field(default_factory=dict)
 
 
 def instrument(cache) -> CacheCounters:
