@@ -26,16 +26,11 @@ COMMANDS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="sglang-marconi",
-        description="Marconi prefix caching for hybrid (attention + SSM) LLMs in SGLang.",
-    )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
-    for name, (module, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        p.set_defaults(_module=module)
-        # Arguments are added lazily only for the chosen command (see main).
+    parser = argparse.ArgumentParser(prog="sglang-marconi", description="Marconi prefix caching "
+                                     "for hybrid (attention + SSM) LLMs in SGLang.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (_, help_text) in COMMANDS.items():  # arguments: only the chosen command's
+        sub.add_parser(name, help=help_text, description=help_text)
     return parser
 
 
@@ -48,9 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     name = argv[0]
     module = importlib.import_module(COMMANDS[name][0])
-    cmd_parser = argparse.ArgumentParser(
-        prog=f"sglang-marconi {name}", description=COMMANDS[name][1]
-    )
+    cmd_parser = argparse.ArgumentParser(prog=f"sglang-marconi {name}",
+                                         description=COMMANDS[name][1])
     module.add_arguments(cmd_parser)
     args = cmd_parser.parse_args(argv[1:])
     try:
