@@ -110,8 +110,7 @@ def add_int8_arguments(parser) -> None:
                              "default: 2 x the state slots)")
 
 
-# what SGLang does with --enable-int8-mamba-checkpoint beside these (for the replays, as in
-# a server)
+# what SGLang does with --enable-int8-mamba-checkpoint beside these, as in a server
 INT8_REFUSED = {
     "hicache": "--enable-int8-mamba-checkpoint is not supported together with the host tier "
                "(--hicache-*): SGLang refuses it, the host-offload path is not int8-aware "

@@ -32,26 +32,17 @@ class PoolConfig:
     chunked_prefill_size: int = 8192
     mamba_track_interval: int = 256
     mamba_max_states_per_path: int = -1
-    # the model's mamba chunk (SGLang reads it from the HF config; the fixture's default is
-    # max(64, page)): extra_buffer snapshots land on lcm(this, page). Tests set 1 to get a
-    # one-token checkpoint grid.
+    # the model's mamba chunk: extra_buffer snapshots land on lcm(this, page) (tests: 1)
     mamba_cache_chunk_size: Optional[int] = None
-    # SGLang's host tier (--enable-hierarchical-cache) when a write policy is given:
-    # --hicache-write-policy, --hicache-ratio (host/device), --hicache-size (GB, overrides
-    # the ratio), --hicache-storage-backend file in ``hicache_storage_dir``
+    # SGLang's host tier (--enable-hierarchical-cache) when a write policy is given
     hicache_write_policy: Optional[str] = None
     hicache_ratio: float = 2.0
     hicache_size_gb: int = 0
     hicache_storage_dir: Optional[str] = None
-    # the scheduler loop the pools are built for: SGLang sizes a running request's
-    # ping-pong track buffer by it (``allocation_sizing.get_mamba_tracking_slots``: 2 slots
-    # under the overlap schedule, 1 without; ``memory_pool.HybridReqToTokenPool`` 1393-1400).
-    # None keeps each builder's own default (the test fixture's static pools: 2; the
-    # unified pools: 1), as before this option existed.
+    # the scheduler loop: a request's ping-pong track buffer has 2 slots under overlap, 1
+    # without (``get_mamba_tracking_slots``); None: each builder's default (static 2, unified 1)
     overlap_schedule: Optional[bool] = None
-    # SGLang's int8 checkpoint pool (--enable-int8-mamba-checkpoint): cached states live in
-    # a separate pool of --int8-mamba-ckpt-size slots (None: SGLang's default, 2 x
-    # mamba_slots), built by HybridReqToTokenPool from the published server args
+    # SGLang's int8 checkpoint pool (--enable-int8-mamba-checkpoint; slots None: 2 x mamba_slots)
     int8_checkpoint: bool = False
     int8_checkpoint_slots: Optional[int] = None
 
@@ -111,8 +102,7 @@ def build_pools(pc: PoolConfig):
     check_sglang_version()
     import torch
 
-    # The replay never runs a forward pass; its small tensor ops are 100x slower with two
-    # contending intra-op threads once sglang is imported (measured on 2 cores).
+    # the replay's small tensor ops are much slower with contending intra-op threads
     torch.set_num_threads(1)
     from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
     from sglang.srt.environ import envs

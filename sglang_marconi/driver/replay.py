@@ -28,8 +28,7 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang_marconi.driver import host_tier
 from sglang_marconi.driver.lost_reuse import track_lost_reuse
 
-# a decode step's bookkeeping costs about as much as this many prefill tokens (~20 us
-# against ~0.3 us a token of a prefill chunk, CPU, python tree core)
+# a decode step's bookkeeping costs about as much as this many prefill tokens (CPU)
 DECODE_STEP_WEIGHT = 64
 
 
@@ -267,12 +266,10 @@ class Replayer:
             early = i == 0 and self.overlap
             if early:
                 # event_loop_overlap (scheduler.py 2086-2118): the first decode batch is
-                # prepared (its KV slot allocated, evicting when short) before the
-                # prefill's result is processed
+                # prepared before the prefill's result is processed
                 self._decode_alloc(req)
             if i == 0:
-                # the last prefill chunk of a request that goes on to decode is published
-                # like every other chunk (SchedulerBatchResultProcessor.
+                # the last prefill chunk is published like every other (brp
                 # process_batch_result_prefill: checkpoint_kv_cache when not finished)
                 checkpoint_kv_cache(req, self.cache)
             if not early:

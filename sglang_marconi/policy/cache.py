@@ -273,16 +273,12 @@ class PrefixCache:
             return False
         if tree.bytes_used + needed <= self.capacity:
             return True
-        # Protect the part of the tree this request reuses (its matched path up to the last
-        # fully matched node: the hit is on it); a partially matched edge may be evicted, the
-        # bytes needed are then recomputed.
+        # Protect the matched path up to the last fully matched node (the hit is on it)
         guard = tree.match(seq).kv_node
         tree.lock(guard)
         try:
-            # Evicting can only raise ``needed`` (it may free a node this request would have
-            # reused), never lower it: evict against the last value and recompute only when
-            # it says there is room. The same victims as recomputing after every eviction,
-            # without an O(positions) walk per evicted node (vllm+ plans ~1,000 positions).
+            # Evicting can only raise ``needed``: evict against the last value and recompute
+            # only when it says there is room (the same victims as recomputing every time).
             while True:
                 while tree.bytes_used + needed > self.capacity:
                     if not self._evict_one():

@@ -13,9 +13,7 @@ from sglang_marconi.harness.timing import GCPauses
 
 ENTRY_POINTS = ("match_prefix", "checkpoint", "evict", "insert", "inc_lock_ref",
                 "dec_lock_ref", "lock", "unlock", "free_kv_row", "on_release",
-                # the eviction the scheduler's own allocations run (alloc_for_extend, decode
-                # allocation, Mamba slot reclaim: SGLang's allocators call the cache's
-                # evict_for_alloc; uncounted before 2026-12-02)
+                # the eviction SGLang's own allocators run through the cache
                 "evict_for_alloc",
                 # the scheduler's HiCache calls (called only with a host tier)
                 "init_load_back", "ready_to_load_host_cache", "check_hicache_events",

@@ -7,8 +7,7 @@ states read and written. Every step adds ``step_overhead_s``; an extend step loa
 the host tier takes max(forward, bytes / ``pcie_bytes_s``). Presets: ``model.gpus``."""
 from __future__ import annotations
 
-# the presets live in model.gpus (the SGLang cache reads them too); re-exported here for
-# the serving replay and its callers
+# the presets live in model.gpus (the SGLang cache reads them too); re-exported here
 from sglang_marconi.model.gpus import PRESETS, GpuPreset, preset  # noqa: F401
 from sglang_marconi.model.spec import dtype_bytes
 

@@ -38,10 +38,8 @@ from sglang_marconi.harness.timing import GCPauses
 from sglang_marconi.serving.clock import CacheTimer
 
 
-# the first words of the RuntimeErrors SGLang's allocators raise when a batch's memory is
-# not there (mem_cache/allocation.py: alloc_token_slots, alloc_paged_token_slots_extend,
-# the decode allocation, alloc_req_slots); the scheduler process, and so the server, exits
-# on them
+# the first words of the RuntimeErrors SGLang's allocators raise when memory runs out
+# (mem_cache/allocation.py): the scheduler process, and so the server, exits on them
 SGLANG_OOM_PREFIXES = ("Prefill out of memory", "Decode out of memory", "Out of memory",
                        "alloc_req_slots runs out of memory")
 
@@ -176,9 +174,7 @@ class ServingScheduler:
         self.ingested = self.completed = 0  # requests arrived / finished or aborted
         self.crash: Optional[str] = None      # what SGLang raised, when the server died
         # before raising out of memory SGLang's allocators print the whole radix tree
-        # (``tree_cache.pretty_print()``, allocation.py 169/245/619; the compiled tree core
-        # writes to the descriptor itself), which would bury the table or break --json:
-        # serve-sim reports the crash instead (``crash``)
+        # (allocation.py 169/245/619), which would break --json: ``crash`` reports it instead
         cache.pretty_print = lambda: None
 
     # -- the loops ----------------------------------------------------------------------

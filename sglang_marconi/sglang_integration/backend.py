@@ -50,9 +50,8 @@ def marconi_cache_factory(ctx, settings: MarconiSettings | None = None):
     if ctx.is_hybrid_swa:
         raise ValueError("--cache-policy marconi does not support sliding-window hybrids")
     if ctx.disable_radix_cache:
-        # A PD decode server: SGLang turns the radix cache off after flag validation
-        # (a user's --disable-radix-cache is refused at start-up). No prefix cache, no
-        # policy: stock behaviour.
+        # A PD decode server: SGLang turns the radix cache off after flag validation; no
+        # prefix cache, no policy: stock behaviour.
         logger.info("--cache-policy marconi: the radix cache is disabled here (e.g. a "
                     "PD decode server); using SGLang's default cache")
         return default_radix_cache_factory(ctx)

@@ -162,12 +162,9 @@ class _ScoredQueue:
     def _resync(self) -> None:
         """Before a per-walk renormalisation: inputs that move without a hook."""
 
-    # A victim the walk hands to SGLang is suspended, not popped: with HiCache's
-    # write_back its eviction can be declined (a failed backup under host pressure, a
-    # state backup whose victim changed meanwhile), and SGLang's walk then leaves it in
-    # place for the rest of the walk, as its LRU cursor moves past it. Evicted victims
-    # leave the queue through ``evict_component`` / the leaf set; the rest are resumed
-    # at the walk's end with the keys they had.
+    # A victim handed to SGLang's walk is suspended, not popped (under write_back its
+    # eviction can be declined); evicted ones leave through ``evict_component`` / the leaf
+    # set, the rest are resumed at the walk's end with the keys they had.
     def _hand_over(self, node) -> None:
         if self.queue.peek_victim() is node:
             self.queue.suspend_victim()  # the queue's top: aged as a pop (GDSF clock)
