@@ -1,14 +1,6 @@
-"""SGLang's HiCache on CPU: stand-ins for its CUDA/HIP-only pieces (tests and offline tools
-only; a server on a GPU never imports this module).
-
-SGLang's own host tier (``HostPoolGroup`` of ``MHATokenToKVPoolHost`` and
-``MambaPoolHost`` under a ``HybridCacheController``) runs on CPU as it is except for:
-1. the device <-> host copy kernels (``sgl_kernel.kvcacheio``): ``install`` swaps them for
-   torch index copies between the same tensors;
-2. page-locked host memory: the "cpu" allocator entry does not register, and ``unpin``
-   clears the host pools' ``pin_memory``.
-``install`` is idempotent. ``host_budget`` is SGLang's ``host_memory_budget_scope``
-booking the pools against the machine's memory; ``single_rank`` states a one-rank topology."""
+"""SGLang's HiCache on CPU: the device <-> host copy kernels replaced by torch index copies and
+host memory left unpinned (``install``, ``unpin``), SGLang's host-memory budget scope and a
+one-rank topology; tests and offline tools only, a GPU server never imports it."""
 from __future__ import annotations
 
 from typing import Optional

@@ -1,11 +1,6 @@
-"""The scheduler's HiCache calls for one request, for the replay (``replay.Replayer``).
-
-With ``--enable-hierarchical-cache`` SGLang 0.5.23's scheduler adds: the host hit's
-load-back in ``PrefillAdder.add_one_req`` (``init_load_back``), ``ready_to_load_host_cache``
-before the batch's allocation, ``check_hicache_events`` every loop iteration, and with an
-L3 backend the prefetch on arrival (``_prefetch_kvcache``) waited for before admission.
-``prefetch``, ``admit``, ``start_loads`` and ``poll`` are those calls, nothing else; the L2
-copies run synchronously on CPU, the L3 threads are waited for (``PREFETCH_WAIT_S``)."""
+"""The scheduler's HiCache calls for one request, for the replay: ``prefetch`` (L3, on
+arrival), ``admit`` (the host hit's load-back), ``start_loads`` and ``poll``, nothing else;
+L2 copies run synchronously on CPU."""
 from __future__ import annotations
 
 import contextlib

@@ -1,11 +1,6 @@
-"""Real SGLang cache objects on CPU, built from SGLang's own pool classes.
-
-``build_pools`` publishes the scheduler settings as SGLang's server args, then builds a
-``HybridReqToTokenPool`` with tiny Mamba states, a ``HybridLinearKVPool`` and the token
-allocator (paged above one token), as SGLang's unit-test kit does, and the tree cache on
-them with the requested class and tree core ("rust" or "python"). ``PoolConfig.
-hicache_write_policy`` adds SGLang's host tier through ``init_hicache``, with the CUDA copy
-kernels replaced by ``hicache_cpu`` and an optional L3 ``file`` backend."""
+"""Real SGLang cache objects on CPU, built from SGLang's own pool classes as its unit-test kit
+does, with the requested tree class and core, and SGLang's host tier (``init_hicache``) when
+``PoolConfig.hicache_write_policy`` asks for one."""
 from __future__ import annotations
 
 import dataclasses

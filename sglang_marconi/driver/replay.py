@@ -1,13 +1,6 @@
-"""Drive a real SGLang tree cache with the calls the scheduler makes for one request.
-
-For strictly sequential requests (sglang 0.5.23): the match in
-``Req.init_next_round_input``; ``lock`` at admission; per prefill chunk
-``alloc_for_extend`` and the extra_buffer snapshot preparation, then
-``checkpoint_kv_cache`` after each unfinished chunk; per decode step
-``alloc_for_decode_default`` and the decode-track ping-pong (``_track_decode_state``); at
-finish ``release_kv_cache(checkpoint=True)`` (``False`` on abort). Every step but the
-in-page decode write and the decode-track lines is SGLang's own function; ``ReplayBatch``
-is the part of ``ScheduleBatch`` they read. HiCache calls come from ``host_tier``."""
+"""Drive a real SGLang tree cache with the calls the scheduler makes for one request (match,
+lock, chunked prefill with checkpoints, decode with its track ping-pong, release), each
+SGLang's own function but the in-page decode write; HiCache calls from ``host_tier``."""
 from __future__ import annotations
 
 import time

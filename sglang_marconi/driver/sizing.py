@@ -1,13 +1,6 @@
-"""Pool sizes from a byte budget, the way SGLang 0.5.23 sizes a hybrid (attention + SSM) server.
-
-``size_pools(spec, cache_gb, memory)`` turns ``--cache-gb`` (SGLang's ``rest_memory``,
-GB = 2**30) into the pools a real server builds, following
-``sglang/srt/mem_cache/kv_cache_configurator.py``: state slots from
-``--mamba-full-memory-ratio`` (``_handle_max_mamba_cache``, the padding slot charged), KV
-tokens from the rest floored to the page, slots per request (5 with extra_buffer and
-overlap, 4 without overlap, 3 with ``no_buffer``), ``resolve_max_num_reqs``, and under
-``--enable-unified-memory`` one byte buffer both sides draw from. ``spec`` is any cost
-model with ``kv_bytes_per_token`` and ``ssm_state_bytes``."""
+"""Pool sizes from a byte budget (``--cache-gb``, SGLang's ``rest_memory``), the way SGLang
+0.5.23's ``kv_cache_configurator.py`` sizes a hybrid server: state slots, KV tokens, slots
+per request, max running requests, and the unified buffer."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass

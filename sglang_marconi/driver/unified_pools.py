@@ -1,12 +1,6 @@
-"""SGLang's unified memory pool (``--enable-unified-memory``) on CPU, at a model's byte ratio.
-
-``build_unified_cache`` builds SGLang's ``init_unified_mamba_pools`` stack on ``cpu`` (one
-``uint8`` buffer for the KV and Mamba sub-pools, with compaction and the slot-id allocator)
-and a tree cache on it; the rest comes from ``pools.build_pools``.
-``install_cpu_alloc_kernels`` points the two Triton-only allocation kernels, on CPU tensors
-only, at SGLang's own torch equivalents (``alloc_extend_naive``, ``alloc_decode_naive``).
-The buffer is scaled down: a KV token takes ``KV_ENTRY_BYTES`` bytes and a state its share
-at the model's byte ratio; the replay runs no forward, so only bytes and ids matter."""
+"""SGLang's unified memory pool (``--enable-unified-memory``) on CPU at a model's byte ratio,
+with its two Triton-only allocation kernels pointed at SGLang's torch equivalents on CPU
+tensors; the buffer is scaled down, only bytes and ids matter."""
 from __future__ import annotations
 
 import dataclasses

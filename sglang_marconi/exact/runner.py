@@ -1,10 +1,6 @@
-"""Forward passes: segmented (two-pass) prefill on a cache, greedy decode, uncached reference.
-
-Every call passes explicit ``position_ids`` (Bamba otherwise restarts positions at 0 on a
-cached call) and the cache as ``past_key_values=`` (the pinned transformers 5.19 name).
-Architectures whose multi-token path ignores a saved SSM state (Jamba) are fed one token at a
-time whenever the cache already holds a state.
-"""
+"""Forward passes: segmented (two-pass) prefill on a cache, greedy decode, uncached reference;
+explicit ``position_ids`` on every call, and one token at a time where an architecture's
+multi-token path ignores a saved SSM state (Jamba)."""
 from __future__ import annotations
 
 import torch

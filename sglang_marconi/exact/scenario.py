@@ -1,12 +1,6 @@
-"""The request sequence verify-exact serves, and the check that resuming is exact.
-
-Five requests over three conversations sharing a system prompt S (each user turn starts
-with a distinct token, so branch points are exact): a first turn, a branch at len(S), a hit
-on a last state, a hit on a branch-point state, a hit on the first conversation's state.
-The project's ``PrefixCache`` decides checkpoints and reuse; each request resumes from its
-hit, prefills in segments split at the admitted positions, decodes greedily, and must match
-an uncached forward's logits within ``tolerance`` and its argmax at every step.
-``ssm_offset`` is the negative control: a state taken that many tokens off, which must fail."""
+"""The request sequence verify-exact serves (five requests over three conversations sharing a
+system prompt) and the check that resuming from each hit matches an uncached forward;
+``ssm_offset`` is the negative control, which must fail."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field

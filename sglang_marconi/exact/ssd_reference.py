@@ -1,11 +1,6 @@
-"""Independent cross-check of Mamba2 states with mamba-ssm's minimal SSD reference scan.
-
-The inputs of every layer's chunk scan are recorded during an uncached forward;
-mamba-ssm's pure-PyTorch ``ssd_minimal_discrete`` computes the state after P tokens in two
-chained chunks, which must equal the cache checkpoint at P. ``import mamba_ssm`` fails on
-CPU, so the reference files are loaded by path under private names with stub modules for
-their CUDA imports, removed afterwards (transformers must keep seeing mamba_ssm as absent).
-The same loader serves ``selective_state_update_ref`` and causal-conv1d's references."""
+"""Independent cross-check of Mamba2 states with mamba-ssm's minimal SSD reference scan, loaded
+by path with stub modules for its CUDA imports (removed afterwards: transformers must keep
+seeing mamba_ssm as absent)."""
 from __future__ import annotations
 
 import contextlib

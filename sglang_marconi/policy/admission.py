@@ -1,10 +1,6 @@
-"""Marconi's admission rule: which positions of a request get an SSM-state checkpoint.
-
-The single home of the rule (the simulator's ``plan_checkpoints``, the SGLang cache's
-``branch_checkpoint``): the branch point a speculative insertion of the input finds, on the
-grid, if beyond the hit; the state after the last token whose KV exists, on the grid; at
-most ``max_states`` new checkpoints per request, the branch point first. ``block`` is the
-vLLM+ baseline: a checkpoint at every block boundary."""
+"""Marconi's admission rule, its single home: a checkpoint at the branch point a speculative
+insertion finds and at the last state whose KV exists (on the grid, beyond the hit, at most
+``max_states``); ``block`` is the vLLM+ baseline."""
 from __future__ import annotations
 
 from dataclasses import dataclass

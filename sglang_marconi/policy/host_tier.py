@@ -1,13 +1,6 @@
-"""The two-tier rule (SGLang's HiCache: a host tier behind the device pools): what a
-prefix segment or a state is worth in host memory.
-
-``host_efficiency``: the FLOPs a host hit saves minus its PCIe load-back counted in
-FLOPs (``HostLink``), per host byte, times marconi+'s reuse weight when given; host victims
-are ranked by it (GDSF aging under marconi+, the paper's utility under marconi, alpha 0 =
-LRU). A node with no state at its end on either tier is worth 0. ``demoted_efficiency``
-ranks device victims whose KV is also on the host by their load cost, the others by the
-FLOPs they save. ``tail_counts_toward_backup``: under ``write_through_selective`` a tail is
-inserted for the host's sake. Both tiers' states count as checkpoints (``TierTree``)."""
+"""The two-tier rule (SGLang's HiCache): what a prefix segment or a state is worth in host
+memory (``host_efficiency``: FLOPs saved less the load-back, per host byte) and on the device
+once demoted (``demoted_efficiency``); both tiers' states count as checkpoints."""
 from __future__ import annotations
 
 import heapq

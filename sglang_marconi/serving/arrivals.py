@@ -1,11 +1,6 @@
-"""Arrival times for the serving replay: the trace's timestamps, rescaled to an offered load.
-
-``--load L`` scales arrivals so that the trace's GPU work *without any cache hit* takes
-``L`` of the arrival span (``offered_seconds``): every prefill from token 0 plus one step
-overhead per chunk, and every output token's share of a decode step at the largest batch
-the server can hold. So ``L`` is the fraction of capacity asked for. A trace without
-timestamps, or ``--arrivals poisson``, gets seeded Poisson arrivals at that rate;
-``--rate-scale S`` multiplies the timestamps by S (0: everything at once)."""
+"""Arrival times for the serving replay: the trace's timestamps rescaled so that its GPU work
+without any cache hit takes ``--load`` of the arrival span, seeded Poisson arrivals at that
+rate, or ``--rate-scale`` times the timestamps."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,12 +1,6 @@
-"""Several SGLang replicas behind a router, on one virtual clock (``serve-sim --replicas N``).
-
-Each replica is a ``ServingScheduler`` with its own pools, cache and copy of SGLang's
-access-time counter (``harness.ab.OwnAccessClock``). Before routing a request arriving at
-``t`` every replica runs its steps that start before ``t``; the router sees the in-flight
-counts the real sglang-router keeps. With one replica the steps are ``run_serving``'s.
-Belief gap (cache_aware): the tokens the router believed a replica would reuse minus what
-it reused at first admission. A router that hears responses subclasses ``Cluster``
-(``listen``, ``decide``), as scripts/lib/marconi_routing does."""
+"""Several SGLang replicas behind a router on one virtual clock (``serve-sim --replicas N``):
+each replica runs its steps before a request is routed and keeps its own access-time counter;
+with one replica the steps are ``run_serving``'s."""
 from __future__ import annotations
 
 import contextlib

@@ -1,10 +1,6 @@
-"""The virtual clock's time model of one forward step on a GPU (uncalibrated).
-
-Prefill: the cost model's FLOPs of the tokens computed (attention over the cached context
-included) over ``mfu * peak``. Decode: a roofline, max(bytes / (hbm_efficiency *
-bandwidth), flops / (mfu * peak)), bytes = active weights + every sequence's KV + SSM
-states read and written. Every step adds ``step_overhead_s``; an extend step loading from
-the host tier takes max(forward, bytes / ``pcie_bytes_s``). Presets: ``model.gpus``."""
+"""The virtual clock's time model of one forward step on a GPU (uncalibrated): prefill FLOPs
+over ``mfu * peak``, a decode roofline, a fixed step overhead, and host load-backs overlapped
+with the forward. Presets: ``model.gpus``."""
 from __future__ import annotations
 
 # the presets live in model.gpus (the SGLang cache reads them too); re-exported here

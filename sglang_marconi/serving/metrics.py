@@ -1,13 +1,6 @@
-"""One serving run's numbers, from the scheduler's request and step records.
-
-TTFT = first token - arrival; queue = first prefill step - arrival; rates over the
-makespan; hits and FLOPs saved from each request's match at its first admission;
-step-weighted means weight each step by its duration on the virtual clock.
-``busy_fraction``: GPU busy time inside the arrival window over that window;
-``cpu_critical_fraction``: the forward steps the GPU waited for the CPU before;
-``backlog_growth``: over the later half of the arrivals, the slope of the requests in the
-server against arrival time over the arrival rate (about 0 when stable, ``overloaded``
-above ``OVERLOAD_GROWTH``); 0 for arrivals all at one instant."""
+"""One serving run's numbers from the scheduler's request and step records: TTFT, queueing,
+rates over the makespan, hits and FLOPs saved at first admission, busy and CPU-critical
+fractions, and ``backlog_growth`` (``overloaded`` above ``OVERLOAD_GROWTH``)."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,16 +1,6 @@
-"""sglang-router 0.3.2's routing policies (cache_aware, round_robin, random) in Python.
-
-A router sees the request text and the workers' in-flight counts, nothing else. Sources are
-the Rust files of the 0.3.2 sdist, cited by path and line: ``request_text``
-(``src/protocols/generate.rs`` 214-237), the in-flight load guard (``src/core/worker.rs``
-1114-1140; cache_aware only), the registry's worker order, and the defaults ``smg launch
---help`` prints (threshold 0.3, balance 64 / 1.5, eviction every 60 s to 2^26 characters).
-
-cache_aware (``src/policies/cache_aware.rs`` 351-483): when imbalanced (max - min > abs and
-max > rel * min, in f32) the least loaded worker; else the matched tenant when matched /
-input characters > threshold, else the least loaded (first on ties); the text is inserted
-for the chosen worker; ``tick(now)`` runs the periodic evictions. Start-up inserts ``""``
-once per worker."""
+"""sglang-router 0.3.2's routing policies (cache_aware, round_robin, random) in Python, rule by
+rule from the Rust sources (cited by path and line): a router sees the request text and the
+workers' in-flight counts, nothing else; defaults are ``smg launch --help``'s."""
 from __future__ import annotations
 
 import random

@@ -1,13 +1,6 @@
-"""sglang-router 0.3.2's approximate radix tree over characters, re-implemented in Python.
-
-The cache_aware policy keeps one tree: the text of every request routed, tagged with the
-workers ("tenants") it went to. Every rule cites ``src/policies/tree.rs`` of the 0.3.2
-sdist: node layout (230-244), the epoch counter (218-228), ``insert`` with its split
-(362-528), ``prefix_match`` refreshing an epoch only when ``epoch & 0x7 == 0`` (531-620),
-``evict_tenant_by_size`` (718-821) and the per-tenant character counts. Differences: ties
-between equal epochs pop in push order, and a DashMap's choice among several tenants is
-flagged ``ambiguous``. Checked against the binary by tests/test_router_conformance.py.
-Characters are Unicode code points in both languages."""
+"""sglang-router 0.3.2's approximate radix tree over characters (``src/policies/tree.rs``, cited
+by line), re-implemented in Python; differences: equal epochs pop in push order, a hash-order
+tenant choice is flagged ``ambiguous``. Checked against the binary."""
 from __future__ import annotations
 
 import heapq

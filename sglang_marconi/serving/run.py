@@ -1,10 +1,6 @@
-"""Serving runs: one (cache, load) pair on fresh pools, and the grid of them.
-
-Pools come from ``driver.sizing.size_pools`` (SGLang's rules for a ``--cache-gb`` budget);
-each cache is built by ``harness.ab.make_cache`` (the A/B's caches: same classes, same
-settings, the same host tier when ``PoolConfig.hicache_*`` asks for one), so a serving run
-and an ``ab`` column differ only in the scheduler around them.
-"""
+"""Serving runs: one (cache, load) pair on fresh pools sized by ``driver.sizing``, with caches
+from ``harness.ab.make_cache``, so a serving run and an ``ab`` column differ only in the
+scheduler around them; and the grid of them."""
 from __future__ import annotations
 
 import contextlib

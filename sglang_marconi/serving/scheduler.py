@@ -1,18 +1,6 @@
-"""SGLang 0.5.23's scheduler loop on CPU, with a virtual clock instead of a forward pass.
-
-``ServingScheduler.step`` is one iteration of ``Scheduler.event_loop_overlap`` (SGLang's
-default: batch k is formed while k-1's result is queued) or ``event_loop_normal``
-(``--disable-overlap-schedule``). Only this outer loop is written here, in SGLang's order
-with its line numbers cited; every decision inside it (``SchedulePolicy``,
-``PrefillAdder``, ``ScheduleBatch``, ``NewTokenRatioTracker``, ``release_kv_cache``) is
-SGLang's own code on the real cache and pools of ``driver.pools``.
-
-Replaced on CPU: the forward pass (the GPU time model advances the clock; output tokens
-are the trace's), the overlap streams and future map (the queued result carries the time
-its forward ends), ``pin_memory`` (an identity), and the cache-touching lines of
-``process_batch_result_*``. With a host tier the HiCache calls are made where SGLang makes
-them (``driver.host_tier``); load-back bytes go on the clock. Mixed chunk, priority, LoRA,
-speculative decoding, DP attention and PD disaggregation are off, as by default."""
+"""SGLang 0.5.23's scheduler loop (``event_loop_overlap`` / ``event_loop_normal``) on CPU with a
+virtual clock instead of a forward pass: only the outer loop is written here, with SGLang's
+line numbers; every decision inside it is SGLang's own code on the real cache and pools."""
 from __future__ import annotations
 
 import contextlib

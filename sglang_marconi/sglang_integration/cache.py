@@ -1,10 +1,6 @@
-"""``MarconiUnifiedRadixCache``: SGLang's ``UnifiedRadixCache`` with Marconi's policy.
-
-The tree, locks, pools and the scheduler interface are SGLang's; the subclass swaps in
-the Marconi MAMBA and FULL components (``components``: scored eviction, admission) and
-keeps what they consult in a ``policy_state.MarconiPolicyState``. Admission and scoring
-rules come from ``sglang_marconi.policy``; nothing here re-implements them.
-"""
+"""``MarconiUnifiedRadixCache``: SGLang's ``UnifiedRadixCache`` with the Marconi MAMBA and FULL
+components and a ``policy_state.MarconiPolicyState``; the rules come from
+``sglang_marconi.policy``, nothing here re-implements them."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,18 +1,6 @@
-"""Marconi's tree components: SGLang's MAMBA and FULL components with scored eviction and
-Marconi admission. Lock accounting, splitting, matching and the tree walk are stock.
-
-MAMBA (one slot per SSM checkpoint): every unlocked state is ranked by the shared
-``VictimQueue`` (utility = norm(recency) + alpha * norm(FLOP efficiency)), lowest first;
-an evictable leaf is deleted, any other node only loses its state. Recency is read on the
-cache's request clock (a hit stamped with the clock, an insert half a tick later), so
-alpha = 0 is exactly SGLang's MAMBA LRU order. FULL (the token pool): the evictable leaves
-ranked by the same utility with recency = ``last_access_time``.
-
-The queues persist for the life of the tree: a candidate is re-keyed only where its inputs
-change (a hit, an insert, a lock, a state appearing or going above it:
-``rekey_state_change``); a FULL leaf whose time moved is re-keyed when popped. FLOP
-efficiency is the FLOPs a hit saves over its nearest checkpointed ancestor per byte freed
-in the pool being evicted."""
+"""Marconi's tree components: SGLang's MAMBA and FULL components with scored eviction
+(``VictimQueue``: recency on the request clock, so alpha 0 is SGLang's LRU order) and
+Marconi admission; persistent queues re-keyed only where a candidate's inputs change."""
 from __future__ import annotations
 
 import heapq

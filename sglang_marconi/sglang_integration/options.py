@@ -1,11 +1,6 @@
-"""The one settings schema of the Marconi cache, its server flags and its hand-over.
-
-``MarconiSettings`` fields carry their flag (or none: set from the Python API), help and
-check; ``add_cli_args`` builds the launcher flags from it. The launcher validates them,
-points ``--radix-cache-backend`` at ``marconi`` and hands the settings over as JSON in
-``SGLANG_MARCONI_SETTINGS``, read back by ``MarconiSettings.from_env``. ``--cache-policy
-marconi`` ranks by reuse-weighted FLOPs saved per byte; with ``--marconi-alpha A`` by the
-paper's rule. ``marconi+`` is a deprecated alias."""
+"""The one settings schema of the Marconi cache (``MarconiSettings``: each field's flag, help
+and check), the launcher flags built from it and the hand-over to the scheduler processes as
+JSON in ``SGLANG_MARCONI_SETTINGS``."""
 from __future__ import annotations
 
 import argparse

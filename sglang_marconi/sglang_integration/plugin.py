@@ -1,11 +1,6 @@
-"""SGLang plugin (entry-point group ``sglang.srt.plugins``, name ``marconi``).
-
-SGLang calls ``register`` in every process it starts. It registers the ``marconi``
-radix-cache backend and hooks on ``ServerArgs``: the flags on the parser, their validation
-and backend selection before ``ServerArgs`` is built, the same checks (a ``ValueError``)
-in ``check_server_args`` for the Python API (``radix_cache_backend="marconi"`` and the
-``SGLANG_MARCONI_SETTINGS`` hand-over), and a resolution hook letting
-``--enable-int8-mamba-checkpoint`` through SGLang's refusal of custom backends."""
+"""SGLang plugin (entry-point group ``sglang.srt.plugins``, name ``marconi``): ``register``
+adds the ``marconi`` radix-cache backend and the ``ServerArgs`` hooks (flags, validation,
+backend selection, the int8 checkpoint check) in every process SGLang starts."""
 from __future__ import annotations
 
 import logging

@@ -1,10 +1,6 @@
-"""Marconi counters, reported through SGLang's logging and (with --enable-metrics) Prometheus.
-
-Per finished request: tokens hit and prefill FLOPs saved. Per state: admitted (``branch``,
-``chunk``, ``final``), ``rejected``, and evicted by reason (``state_pool_drop``,
-``state_pool_leaf``, ``kv_pool_leaf``; unified: ``unified_state``, ``unified_leaf``). The
-``sglang:marconi_*`` series sit beside SGLang's radix-cache metrics; a summary log line
-every 200 requests names the ranking."""
+"""Marconi counters (per request: tokens hit, FLOPs saved; per state: admitted, rejected,
+evicted by reason), reported through SGLang's logging and, with --enable-metrics, as
+``sglang:marconi_*`` Prometheus series."""
 from __future__ import annotations
 
 import logging

@@ -1,16 +1,6 @@
-"""Marconi under ``--enable-unified-memory``: one ranking over KV leaves and SSM states.
-
-With the unified pool KV pages and Mamba states draw on one byte buffer, but stock
-``UnifiedRadixCache.evict_for_alloc`` walks per component. Here ``joint_evict_for_alloc``
-ranks both kinds together, as the simulator's single budget does: a state on an inner node
-frees one state, an evictable leaf its KV tokens and its state. Each is scored by the
-policy (FLOPs saved per byte freed in the shared buffer) with recency on the request clock,
-in a walk-local ``VictimQueue`` built from the persistent queues' live candidates
-(``joint_rows``); a parent that becomes an evictable leaf joins it.
-
-What stays SGLang's: Mamba slot ids are a separate resource met first by the stock MAMBA
-walk; locked nodes are never candidates; freeing, cascades and the donor are SGLang's.
-alpha 0 with the marconi policy takes SGLang's own ``evict_for_alloc`` unchanged."""
+"""Marconi under ``--enable-unified-memory``: ``joint_evict_for_alloc`` ranks KV leaves and SSM
+states of the one byte buffer together; Mamba slot ids, locks, freeing and the donor stay
+SGLang's, and alpha 0 with the marconi policy takes SGLang's own ``evict_for_alloc``."""
 from __future__ import annotations
 
 import bisect

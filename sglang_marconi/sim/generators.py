@@ -1,12 +1,6 @@
-"""Seeded synthetic workloads (``gen-trace`` writes them; ``sim --workload`` replays them).
-
-Every generator is deterministic for a seed and documents its parameters in its dataclass.
-Token ids come from one counter per trace, so sequences share tokens only where the
-workload makes them share. A turn arrives after the previous response plus a think time;
-sessions start as a Poisson process. Workloads: ``chat`` (multi-turn), ``agent``
-(SWE-agent-like, old observations replaced by placeholders), ``shared-prompt`` (Zipf
-system prompts), ``fork-join`` (SGLang fork programs), ``drift`` (phases of mixes) and
-``alpha-shift`` (phases where the best fixed alpha differs: a benchmark of online alpha)."""
+"""Seeded synthetic workloads (``gen-trace`` writes them, ``sim --workload`` replays them):
+deterministic per seed, sequences sharing tokens only where the workload makes them share;
+parameters documented in each dataclass."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields

@@ -1,12 +1,6 @@
-"""Policy names of the paper's planning simulator (``sim --paper``), and the cache each
-one builds: one byte budget, the states a policy plans wherever they are.
-
-``NAME[:key=value[:key=value...]]``, e.g. ``marconi:alpha=0.5``, ``vllm+:block=64``:
-``vllm+`` (a state every ``block`` tokens, LRU), ``paper-sglang+`` (Marconi admission, LRU),
-``marconi`` (FLOP-aware eviction, alpha ``auto`` / fixed / ``online``), ``infinite`` (the
-ceiling), ``marconi+`` (reuse likelihood, GDSF aging, ghost index, end-state threshold),
-``offline`` (knows the future; a heuristic reference). Every policy takes ``max_states``
-(per request, default 2)."""
+"""Policy names of the paper's planning simulator (``sim --paper``) and the cache each builds:
+``NAME[:key=value...]`` for ``vllm+``, ``paper-sglang+``, ``marconi``, ``infinite``,
+``marconi+`` and ``offline``; every policy takes ``max_states`` (default 2)."""
 from __future__ import annotations
 
 import math

@@ -1,9 +1,6 @@
-"""Traces: what the simulator replays, and the readers for the two file formats.
-
-Mooncake JSONL (``timestamp`` ms, ``input_length``, ``output_length``, ``hash_ids`` of
-512-token blocks: block ``h`` is the tokens ``h*512 ..``; outputs get fresh tokens) and
-session JSONL (``session_id``, ``turn_id``, ``ts``, ``input_tokens``, ``output_tokens``; a
-turn's input holds the whole history). Bad lines raise ``UserError`` with file and line."""
+"""Traces: what the simulator replays, and the readers for Mooncake JSONL (512-token
+``hash_ids`` blocks; outputs get fresh tokens) and session JSONL (token-id lists); bad lines
+raise ``UserError`` with the file and line."""
 from __future__ import annotations
 
 import json
