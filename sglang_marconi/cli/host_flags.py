@@ -1,8 +1,5 @@
-"""The host-tier flags of ``ab``, under SGLang's own names (any of them implies
-``--enable-hierarchical-cache``): ``--hicache-size GB`` or ``--hicache-ratio R``,
-``--hicache-write-policy``, ``--hicache-storage-backend file``. The replay's tensors are
-tiny, so the host pools get SGLang's split of ``--hicache-size`` in the model's real bytes
-(``_split_hicache_size``) as a ratio of host to device slots (``PoolConfig.hicache_ratio``)."""
+"""The host-tier flags of ``ab`` under SGLang's names (any implies HiCache); the host pools get
+SGLang's split of ``--hicache-size`` in real bytes as a host/device slot ratio."""
 from __future__ import annotations
 
 from sglang_marconi.cli.pool_flags import _positive_float

@@ -1,9 +1,5 @@
-"""Command-line front end: ``python -m sglang_marconi <command>`` / ``sglang-marconi``.
-
-Each command lives in its own module, which exposes ``add_arguments(parser)`` and
-``run(args) -> int``; this file only maps command names to those modules (imported lazily,
-so ``model-info`` does not pay for importing torch or sglang).
-"""
+"""Command-line front end (``python -m sglang_marconi <command>``): maps command names to their
+modules (``add_arguments``, ``run``), imported lazily."""
 from __future__ import annotations
 
 import argparse

@@ -1,8 +1,5 @@
-"""``sim``: what SGLang would do on a trace, with stock's cache and with Marconi's.
-
-By default SGLang's own cache objects driven like ``ab`` on pools sized like a server, the
-trace a file or a seeded generator; ``--paper`` is the paper's idealised planning setting
-instead (one byte budget, ``--capacity``; its baselines and the offline reference)."""
+"""``sim``: SGLang's own caches driven like ``ab`` on pools sized like a server (a trace file or
+a generator), or with ``--paper`` the paper's planning simulator (one byte budget)."""
 from __future__ import annotations
 
 import sys

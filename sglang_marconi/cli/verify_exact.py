@@ -1,8 +1,5 @@
-"""``verify-exact``: resume from cached checkpoints on real hybrid model code, compare.
-
-``--arch NAME|all``, ``--list``; ``--live`` runs SGLang's own Qwen3-Next and Nemotron-H code
-in live CPU servers (a source checkout's tests/live harness). Exit status: 0 all PASS, 1 a
-FAIL, 2 bad input."""
+"""``verify-exact``: resume from cached checkpoints on real hybrid model code and compare
+(``--live``: SGLang's own code in live CPU servers); exit 0 PASS, 1 FAIL, 2 bad input."""
 from __future__ import annotations
 
 import json

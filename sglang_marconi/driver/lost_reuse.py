@@ -1,9 +1,5 @@
-"""Reuse a hybrid cache loses: the prompt tokens whose KV matched past the deepest state a
-hit can resume from (SGLang's ``MatchResult.full_kv_hit_length`` beyond the device and host
-hit), bounded by what a prefill may skip (all but the last prompt token). Counted the same
-way for stock SGLang and the Marconi cache, in ``ab``, ``serve-sim`` and the server's
-``sglang:marconi_lost_reuse_tokens``.
-"""
+"""Reuse a hybrid cache loses: the prompt tokens whose KV matched past the deepest usable state,
+counted alike for stock and Marconi in ``ab``, ``serve-sim`` and the server's metrics."""
 from __future__ import annotations
 
 

@@ -1,9 +1,5 @@
-"""Tiny random-weight configs of the hybrid architectures that verify-exact runs.
-
-Each entry builds a small fp32 transformers model and records the quirks that matter for
-resuming: ``token_by_token`` (Jamba's multi-token forward ignores a cached SSM state),
-``prefill_only_dt_clamp`` (NemotronH, Zamba2: ``build_model`` lifts the clamp) and
-``ssm_family`` (``mamba2`` gets the reference-scan cross-check)."""
+"""Tiny random-weight configs of the hybrid architectures verify-exact runs, with the quirks
+that matter for resuming (``token_by_token``, ``prefill_only_dt_clamp``, ``ssm_family``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,9 +1,5 @@
-"""Take real tensors out of a transformers hybrid cache and build a cache back from them.
-
-A :class:`Checkpoint` is what the tree stores for one node: the KV of its prefix (sliced)
-and the SSM states at exactly that length. A conv state keeps ``kernel - 1`` columns (the
-oldest is never read again), as SGLang's MambaPool and the cost model do; restoring pads
-the unused column with zeros."""
+"""Take real tensors out of a transformers hybrid cache and build one back: a ``Checkpoint``
+holds a prefix's KV and the SSM states at exactly that length (conv: ``kernel - 1`` columns)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

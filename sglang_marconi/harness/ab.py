@@ -1,9 +1,5 @@
-"""The CPU A/B: one trace replayed through stock SGLang caches and the Marconi cache.
-
-Each cache gets fresh pools of the same size and the same requests, driven through the
-scheduler's calls (``replay``), and is measured from outside the same way: tokens hit,
-FLOPs saved, states admitted and evicted, peak slots, bookkeeping time. With a host tier a
-``host`` section says what crossed between the tiers and what each evicted."""
+"""The CPU A/B: one trace replayed through stock SGLang caches and the Marconi cache on fresh
+pools of one size, each measured from outside the same way."""
 from __future__ import annotations
 
 import contextlib

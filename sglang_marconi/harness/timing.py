@@ -1,9 +1,5 @@
-"""Timing primitives for the cache bookkeeping measurements: ``quantile``, the nearest-rank
-quantile of per-request times (the A/B's columns in ``harness.ab`` and the benchmark in
-``scripts/lib/marconi_reports/overhead.py``), ``CallTimer`` (the longest single cache
-call) and ``GCPauses``, which measures the garbage collector's pauses so that a cache's own
-time can be told from the collections of the replay's heap. A leaf: it imports nothing of the package, so ``harness.ab``, serve-sim
-and the benchmark can all use it."""
+"""Timing primitives for the bookkeeping measurements: ``quantile`` (nearest rank), ``CallTimer``
+(the longest cache call) and ``GCPauses``; a leaf that imports nothing of the package."""
 from __future__ import annotations
 
 import gc

@@ -1,7 +1,4 @@
-"""The hybrid-model cost model: bytes per KV token and per SSM checkpoint, prefill FLOPs and
-FLOPs saved by a hit, derived from a model's config (see ``spec``, ``configs``, ``presets``).
-
-Build a spec with ``preset_spec(name)``, ``spec_from_config_path(path)`` or
+"""The hybrid-model cost model: ``preset_spec(name)``, ``spec_from_config_path(path)``,
 ``spec_from_hf_config(config)``; ``resolve_model`` serves the CLIs' ``--model/--config``."""
 from sglang_marconi.errors import UserError
 from sglang_marconi.model.configs import spec_from_config_path, spec_from_hf_config

@@ -1,9 +1,5 @@
-"""Hugging Face configs -> ``HybridModelSpec``, one builder per architecture SGLang serves.
-
-Configs are read with transformers' classes or, in the server, SGLang's (some fields under
-other names); every builder gives the same spec from either. Bytes are one tensor-parallel
-rank's, in ``dtypes.cache_dtypes``; FLOPs the whole model's. ``SGLANG_REFUSED`` names the
-classes no builder covers. Bad input raises ``UserError`` naming file, architecture, field."""
+"""Hugging Face configs -> ``HybridModelSpec``, one builder per architecture SGLang serves, the
+same spec from transformers' or SGLang's config class; bad input raises ``UserError``."""
 from __future__ import annotations
 
 import json

@@ -1,9 +1,5 @@
-"""The dtypes SGLang 0.5.23 stores a hybrid model's cache in, by SGLang's own rules.
-
-Temporal SSM state: ``--mamba-ssm-dtype`` / ``SGLANG_MAMBA_SSM_DTYPE``, else the config's
-``mamba_ssm_dtype`` where SGLang's class reads it (``READS_CONFIG_SSM_DTYPE``), else float32;
-conv state: ``SGLANG_MAMBA_CONV_DTYPE``, else bfloat16; KV: ``--kv-cache-dtype`` (``auto``:
-the model's). ``tests/test_server_bytes.py`` holds these equal to SGLang's pools."""
+"""The dtypes SGLang 0.5.23 stores a hybrid model's cache in, by SGLang's own rules (temporal
+and conv state, KV); ``tests/test_server_bytes.py`` holds them equal to SGLang's pools."""
 from __future__ import annotations
 
 import os

@@ -1,8 +1,5 @@
-"""GPU presets: the datasheet numbers the time models read (peak FLOP/s, HBM and host-link
-bandwidth) and the assumed efficiencies, for the serving replay's clock and the two-tier
-rule's load cost. Peaks are dense BF16 datasheet figures; ``pcie_bytes_s`` is one direction
-of the datasheet's PCIe figure (B200's assumed as the H200's). MFU, HBM efficiency and the
-step overhead are assumptions, not measurements."""
+"""GPU presets: datasheet peaks and bandwidths (``pcie_bytes_s``: one direction) and assumed
+efficiencies, for the serving clock and the two-tier rule's load cost."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace

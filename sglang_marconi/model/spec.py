@@ -1,9 +1,5 @@
-"""``HybridModelSpec``: what a hybrid model's cache entries weigh and what a hit saves.
-
-A spec is an ordered list of layers (attention, SSM, MLP/MoE) from a Hugging Face config,
-a preset or by hand: ``kv_bytes_per_token``, ``ssm_state_bytes`` (as one tensor-parallel
-rank's pools hold them), ``prefill_flops(L)`` and ``flops_saved(T, P)`` =
-``prefill_flops(T) - prefill_flops(P)``."""
+"""``HybridModelSpec``: what a hybrid model's cache entries weigh (``kv_bytes_per_token``,
+``ssm_state_bytes``, one rank's) and what a hit saves (``flops_saved``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace

@@ -1,8 +1,5 @@
-"""Choosing alpha (the weight of FLOP efficiency against recency) from the live trace.
-
-The paper's bootstrap: record requests until the first eviction; after ``multiplier`` times
-that many, replay the window on fresh caches for alphas 0 to 2 step 0.1 and keep the one
-saving the most FLOPs (ties: the smallest). Fitted once; the caller supplies the replay."""
+"""The paper's bootstrap choice of alpha: after ``multiplier`` times the requests before the
+first eviction, replay that window for alphas 0 to 2 and keep the best (ties: the smallest)."""
 from __future__ import annotations
 
 from sglang_marconi.policy import defaults

@@ -1,9 +1,5 @@
-"""``PrefixCache``: a byte-budgeted hybrid prefix cache driven one request at a time.
-
-It ties the tree, the admission rule, FLOP-aware eviction and alpha tuning together and
-keeps the simulator's statistics; it holds no tensors (``on_evict`` lets a caller keep
-them). Per request: ``plan = begin(input_tokens)``, then ``finish(plan, full_tokens)``. The
-budget is never exceeded: admission is cut back when eviction cannot free enough."""
+"""``PrefixCache``: a byte-budgeted hybrid prefix cache driven one request at a time (``begin``,
+then ``finish``), holding no tensors; the budget is never exceeded."""
 from __future__ import annotations
 
 import itertools

@@ -1,9 +1,5 @@
-"""``offline``: a reference that knows the future (never call it optimal).
-
-Belady-style eviction weighted by what a hit saves per byte: evict the lowest FLOP
-efficiency / (requests until next use); never used again goes first. Admission is
-Marconi's plus the ghost index, end states kept only if a future request reaches them. A
-greedy heuristic, O(candidates) per eviction: a reference, not a product."""
+"""``offline``: a reference that knows the future (never call it optimal): Belady-style eviction
+weighted by FLOPs saved per byte, end states kept only if a future request reaches them."""
 from __future__ import annotations
 
 from bisect import bisect_right

@@ -1,9 +1,5 @@
-"""Alpha that follows the traffic (``marconi:alpha=online``).
-
-Shadow ``PrefixCache``s, one per fixed alpha, see the same requests; every ``period``
-requests the cache moves to the alpha whose shadow saved the most FLOPs over the last
-``window`` requests when it beats the current one by more than ``hysteresis``. Shadows can be
-miniature (``sample``: requests whose first token hashes into the sample, capacity scaled)."""
+"""Alpha that follows the traffic (``marconi:alpha=online``): shadow caches, one per alpha; every
+``period`` requests move to the best one if it beats the current by ``hysteresis``."""
 from __future__ import annotations
 
 from sglang_marconi.policy import defaults

@@ -1,9 +1,5 @@
-"""The radix tree of a hybrid-model prefix cache (metadata only: no tensors).
-
-A node holds its edge's tokens and at most one SSM checkpoint at the edge's end; a hit ends
-only at a node with a state, and the match also reports the longest KV-only match (for
-speculative insertion). Candidates: unlocked leaves (deleted) and unlocked one-child nodes
-with a state (the state dropped). Token sequences are numpy int64 arrays."""
+"""The radix tree of a hybrid-model prefix cache (metadata only): a node holds its edge's tokens
+and at most one SSM checkpoint at its end; a hit ends only at a node with a state."""
 from __future__ import annotations
 
 import itertools

@@ -1,9 +1,5 @@
-"""The cache's own CPU time, measured per scheduler step for the virtual clock.
-
-``CacheTimer`` wraps the tree cache's entry points with ``time.perf_counter`` (nested calls
-counted once); ``take()`` returns the seconds inside the cache since the last ``take()``.
-``enabled=False`` wraps nothing (fully deterministic). Garbage-collector pauses inside a
-call are subtracted and reported apart; ``cpu=True`` reads ``time.thread_time`` instead."""
+"""The cache's own CPU time per scheduler step for the virtual clock: ``CacheTimer`` wraps the
+cache's entry points (nested calls once, GC pauses apart); ``enabled=False`` is deterministic."""
 from __future__ import annotations
 
 import functools

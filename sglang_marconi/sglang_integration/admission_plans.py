@@ -1,9 +1,5 @@
-"""Per-request admission plans of the Marconi cache, tied to the request's lifetime.
-
-A match (``on_match``) plans which states the tree will keep; the MAMBA component asks
-``admit_intermediate`` / ``admit_final`` (``policy.snapshot_admission`` answers). The plan
-lives on the request (``req.marconi_plan``), so a request SGLang drops unreleased takes it
-along; a release detaches it (``take_plan``). ``live_plans`` counts plans still reachable."""
+"""Per-request admission plans of the Marconi cache, kept on the request (``req.marconi_plan``)
+so a request dropped unreleased takes its plan along; ``live_plans`` counts those reachable."""
 from __future__ import annotations
 
 import weakref

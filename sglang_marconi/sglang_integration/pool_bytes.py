@@ -1,9 +1,5 @@
-"""What one KV token and one cached state weigh in the pools a server actually built.
-
-Read from the tensors SGLang allocated (the Mamba pool's conv and temporal tensors, or the
-int8 checkpoint pool; the full-attention KV buffers), so the plugin ranks and budgets in
-the server's own bytes. ``None`` where a pool keeps another layout (unified memory, MLA):
-the cost model's bytes stand there."""
+"""What one KV token and one cached state weigh in the pools a server actually built, read from
+SGLang's tensors (``None`` for another layout: unified memory, MLA; the cost model stands)."""
 from __future__ import annotations
 
 import math

@@ -1,8 +1,5 @@
-"""Replays a trace through one or more cache policies and reports what each saved.
-
-Requests run one at a time in arrival order, as in the paper's simulator. Per policy: hit
-rates, FLOPs saved, checkpoints admitted and evicted, peak bytes, the TTFT model's P50/P95,
-the final alpha and the wall time. Policies can run in parallel processes (``jobs``)."""
+"""Replays a trace through one or more cache policies, one request at a time as in the paper's
+simulator, and reports what each saved (policies in parallel processes with ``jobs``)."""
 from __future__ import annotations
 
 import multiprocessing as mp
