@@ -32,9 +32,8 @@ def host_enabled(args) -> bool:
 
 
 def host_ratio(args, spec, kv_tokens: int, mamba_slots: int) -> float:
-    """Host slots per device slot, the same for both pools: from ``--hicache-size`` (SGLang's
-    proportional split, ``hybrid_pool_assembler.py`` ``_split_hicache_size``) when given,
-    else ``--hicache-ratio`` (SGLang's default when neither)."""
+    """Host slots per device slot: from ``--hicache-size`` (SGLang's proportional split) when
+    given, else ``--hicache-ratio`` (SGLang's default when neither)."""
     if args.hicache_size is None:
         return args.hicache_ratio or DEFAULT_HICACHE_RATIO
     return ratio_for_size(args.hicache_size, spec, kv_tokens, mamba_slots)

@@ -107,11 +107,10 @@ class Replayer:
     def __init__(self, tree_cache, chunked_prefill_size: int = 8192,
                  mamba_chunk_size: int = 64, overlap: bool = False,
                  evict_every_decode_step: bool = False):
-        """``overlap``: the overlap loop's order for one request at a time (the first decode step's
-        KV allocation before the last prefill chunk's ``checkpoint_kv_cache``; nothing else of the
-        loops' difference reaches a sequential client). ``evict_every_decode_step``: make SGLang's
-        page-per-request eviction call inside a page too (serve-sim's scheduler always does; ``ab``
-        skips it, evicting one step later than SGLang when less than a page is free mid-page)."""
+        """``overlap``: the overlap loop's order for one request at a time (the first decode
+        step's KV allocation before the last prefill chunk's ``checkpoint_kv_cache``).
+        ``evict_every_decode_step``: SGLang's page-per-request eviction call inside a page too
+        (serve-sim always makes it; ``ab`` skips it, evicting one step later mid-page)."""
         self.cache = tree_cache
         self.chunk = chunked_prefill_size
         self.mamba_chunk_size = mamba_chunk_size

@@ -12,9 +12,7 @@ from transformers.cache_utils import (DynamicLayer, LinearAttentionCacheLayerMix
 
 @dataclass
 class SSMState:
-    """The conv and recurrent states of one SSM / linear-attention layer (per state index).
-
-    ``conv`` holds the last ``kernel - 1`` conv inputs (see the module docstring)."""
+    """The conv (last ``kernel - 1`` inputs) and recurrent states of one SSM layer."""
 
     conv: dict[int, torch.Tensor]
     recurrent: dict[int, torch.Tensor]

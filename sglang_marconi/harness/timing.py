@@ -16,9 +16,8 @@ def quantile(xs, q: float) -> float:
 
 
 class GCPauses:
-    """The collector's pauses while installed (``gc.callbacks``): count, longest, total (which
-    only grows: a timed call subtracts its change). ``freeze=True`` moves what is alive now to
-    the permanent generation for the duration, as a server holds no trace."""
+    """The collector's pauses while installed: count, longest, total (a timed call subtracts its
+    change); ``freeze=True`` freezes what is alive now for the duration."""
 
     def __init__(self, freeze: bool = True):
         self.count = 0

@@ -66,8 +66,8 @@ class _Reader:
         return value
 
     def first(self, fields):
-        """The first of ``fields`` the config sets, as (name, value), else (fields[0], None): SGLang's
-        config classes store some fields under other names than transformers'."""
+        """The first of ``fields`` the config sets, as (name, value), else (fields[0], None):
+        SGLang's config classes store some fields under other names than transformers'."""
         for field in fields:
             value = getattr(self.cfg, field, None)
             if value is not None:
@@ -306,9 +306,8 @@ def _bamba(r):
 
 
 def _zamba2(r):
-    """Zamba2 (transformers only): Mamba2 in every layer; 'hybrid' layers also run the
-    shared transformer block (attention over the 2*hidden concatenation, own KV per
-    invocation, then a gated MLP)."""
+    """Zamba2 (transformers only): Mamba2 in every layer; 'hybrid' layers also run the shared
+    transformer block (own KV per invocation)."""
     hidden = r.int("hidden_size")
     mamba = mamba2_layer(hidden, r.int("mamba_expand") * hidden, r.int("n_mamba_heads"),
                          r.int("mamba_d_state"), r.int("mamba_ngroups"), r.int("mamba_d_conv"),

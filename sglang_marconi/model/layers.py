@@ -72,11 +72,9 @@ class MLAAttentionLayer(AttentionLayer):
 
 @dataclass(frozen=True)
 class SSMLayer:
-    """A recurrent layer with a fixed-size state: Mamba1, Mamba2 or gated delta net.
-
-    ``proj_flops_per_token``: projections and convolution; ``scan_flops_per_token``: the
-    recurrence. State bytes: ``temporal_elems`` and ``conv_elems`` in their dtypes;
-    ``state_head_dim`` is the middle axis an int8 checkpoint keeps one scale per."""
+    """A recurrent layer with a fixed-size state (Mamba1, Mamba2, gated delta net): projection
+    and scan FLOPs per token, temporal and conv elements in their dtypes; ``state_head_dim``
+    is the axis an int8 checkpoint keeps one scale per."""
 
     kind: str  # "mamba1" | "mamba2" | "gdn" | "mamba" (the paper's own formula)
     temporal_elems: int

@@ -69,12 +69,9 @@ class RequestPlan:
 
 
 class PrefixCache:
-    """A hybrid prefix cache with Marconi (or vLLM+ block) admission and scored eviction.
-
-    ``alpha``: a number (0 = LRU), ``"auto"`` (bootstrap) or ``"online"`` (``online``: the
-    ``OnlineAlpha`` options); ``capacity_bytes=None`` is unlimited; ``admission``: "marconi" or
-    "block". marconi+: ``reuse_weight`` (GDSF-aged expected FLOPs per byte), ``ghost_tokens``
-    (the ghost index) and ``end_threshold`` (end states admitted by measured reuse rate)."""
+    """A hybrid prefix cache with Marconi (or vLLM+ ``block``) admission and scored eviction;
+    ``alpha``: a number (0 = LRU), ``"auto"`` or ``"online"``; ``capacity_bytes=None``:
+    unlimited; marconi+: ``reuse_weight``, ``ghost_tokens``, ``end_threshold``."""
 
     def __init__(self, spec: CostModel, capacity_bytes: int | None = None, alpha=0.0,
                  admission: str = "marconi", grid: int = 1, block: int = 32,

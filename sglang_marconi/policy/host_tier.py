@@ -45,9 +45,8 @@ def demoted_efficiency(link: HostLink, efficiency: float, freed_bytes: float,
 
 
 def tail_counts_toward_backup(write_back: bool, backup_threshold: int) -> bool:
-    """Whether the host tier backs a node up only on a later insert (``write_through_threshold``
-    above 1, not write_back): then an end state marconi+ would refuse is admitted, its insert
-    the first of the tail's count."""
+    """Whether the host tier backs a node up only on a later insert (threshold above 1, not
+    write_back): then an end state marconi+ would refuse is admitted."""
     return not write_back and backup_threshold > 1
 
 

@@ -105,9 +105,8 @@ def summarize(sched, spec, cache: str, load, wall_s: float) -> dict:
 
 
 def host_stats(sched, spec) -> dict:
-    """With a host tier: ``host_hit_tokens`` and ``ab``'s ``host`` section plus the clock's share
-    (``load_s_total``, ``load_exposed_s_total``), the device's evictions and the TTFT of the
-    requests that loaded from host. {} without."""
+    """With a host tier: ``host_hit_tokens``, ``ab``'s ``host`` section, the clock's load-back
+    seconds, the device's evictions and host-loading requests' TTFT ({} without)."""
     if sched.host is None:
         return {}
     recs = [r for r in sched.records.values() if r.hit_len is not None]

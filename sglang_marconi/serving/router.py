@@ -166,10 +166,8 @@ class RandomRouter:
 
 
 class DataParallelRoundRobin(RoundRobinRouter):
-    """SGLang 0.5.23's in-server data parallelism (``--dp-size N``): the
-    ``DataParallelController``'s default ``round_robin_scheduler``
-    (``data_parallel_controller.py`` 880-899), a counter modulo the ranks (none is ever down
-    here); each rank is its own scheduler with its own pools and radix cache."""
+    """SGLang 0.5.23's ``--dp-size N``: the ``DataParallelController``'s default round robin
+    (``data_parallel_controller.py`` 880-899); each rank its own scheduler, pools and cache."""
 
     name = "dp_round_robin"
 

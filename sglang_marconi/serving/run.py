@@ -87,10 +87,9 @@ def run_summary(name, sched, setup: ServeSetup, requests, load, rate_scale, wall
 
 def run_interleaved(names, requests, setup: ServeSetup, load=None, rate_scale=None,
                     progress: Optional[Callable] = None) -> list:
-    """Every cache of ``names`` at one load, their schedulers stepped in turn (one loop iteration
-    each per round, the first rotating) in one process; returns [(summary, scheduler)]. Each
-    run is ``run_serving``'s (own pools, cache, clock and access-time counter), so only
-    measured times differ, and a shared machine's speed drift hits every cache alike."""
+    """Every cache of ``names`` at one load, their schedulers stepped in turn in one process:
+    [(summary, scheduler)], each run ``run_serving``'s, so that a shared machine's speed
+    drift hits every cache's measured time alike."""
     cfg = ABConfig(pools=setup.pools, spec=setup.spec, settings=setup.settings,
                    unified=setup.unified, l3=setup.l3)
     times = arrivals(setup, requests, load, rate_scale)
@@ -172,9 +171,8 @@ def run_grid(requests, setup: ServeSetup, caches, loads, rate_scale=None,
 
 def run_cluster_grid(requests, setup: ServeSetup, replicas: int, routers, caches, loads,
                      rate_scale=None, router_options=None, show_progress: bool = True) -> list:
-    """Every router x cache at every load (or at ``rate_scale``) on ``replicas`` replicas
-    (``serving.cluster``); returns the summaries. ``router_options``: router name -> its
-    keyword options (a router not named gets its defaults)."""
+    """Every router x cache at every load (or ``rate_scale``) on ``replicas`` replicas;
+    ``router_options``: router name -> its keyword options."""
     runs = []
     points = [(None, rate_scale)] if rate_scale is not None else [(x, None) for x in loads]
     for load, scale in points:

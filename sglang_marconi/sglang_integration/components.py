@@ -447,9 +447,8 @@ class MarconiFullComponent(_ScoredQueue, FullComponent):
             self.queue.discard(node)
 
     def children_changed(self, node) -> None:
-        """On a change of children (and every lock and unlock along a path): re-key a state only when
-        marconi+'s weight by its children moved since it was keyed (its other inputs re-key it
-        where they change)."""
+        """On a change of children (and every lock and unlock along a path): re-key a state only
+        when marconi+'s weight by its children moved since it was keyed."""
         policy = self.cache.marconi
         if not policy.ranking.weighs_nodes or not has_state(node):
             return
