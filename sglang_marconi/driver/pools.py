@@ -70,10 +70,7 @@ def _server_args_factory(pc: PoolConfig):
 
 
 def _allocator_factory(page_size: int):
-    from sglang.srt.mem_cache.allocator import (
-        PagedTokenToKVPoolAllocator,
-        TokenToKVPoolAllocator,
-    )
+    from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 
     def make(size, dtype, device, kvcache, need_sort):
         if page_size == 1:

@@ -9,8 +9,7 @@ from pathlib import Path
 from sglang_marconi.errors import UserError
 from sglang_marconi.model.dtypes import cache_dtypes
 from sglang_marconi.model.layers import (AttentionLayer, MLAAttentionLayer, MLPLayer, gdn_layer,
-                                         kda_layer, mamba1_layer, mamba2_layer,
-                                         short_conv_layer)
+                                         kda_layer, mamba1_layer, mamba2_layer, short_conv_layer)
 from sglang_marconi.model.spec import HybridModelSpec
 
 MAMBA_TYPES = {"mamba", "mamba2", "linear_attention", "m", "conv", "short_conv"}

@@ -2,11 +2,8 @@
 settings and flags (``options``), the entry point (``plugin``), the radix-cache factory
 (``backend``), the Marconi cache (``cache``, ``components``, ``policy_state``), the built
 pools' bytes and the metrics. Importing it checks the installed sglang version first."""
-from sglang_marconi.sglang_version import (
-    SUPPORTED_SGLANG_VERSION,
-    SGLangVersionError,
-    check_sglang_version,
-)
+from sglang_marconi.sglang_version import (SUPPORTED_SGLANG_VERSION, SGLangVersionError,
+                                           check_sglang_version)
 
 check_sglang_version()
 

@@ -34,10 +34,8 @@ def model_spec(model_config, server_args=None):
 def marconi_cache_factory(ctx, settings: MarconiSettings | None = None):
     """Build ``MarconiUnifiedRadixCache`` the way SGLang builds its default hybrid cache;
     ``settings`` default to ``SGLANG_MARCONI_SETTINGS`` (exported by the launcher)."""
-    from sglang.srt.mem_cache.registry import (
-        create_unified_radix_cache,
-        default_radix_cache_factory,
-    )
+    from sglang.srt.mem_cache.registry import (create_unified_radix_cache,
+                                               default_radix_cache_factory)
     from sglang.srt.runtime_context import get_memory, get_server_args
 
     from sglang_marconi.sglang_integration.cache import MarconiUnifiedRadixCache

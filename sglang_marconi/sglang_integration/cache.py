@@ -11,10 +11,8 @@ from typing import Optional
 from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
-from sglang_marconi.sglang_integration.components import (
-    MarconiFullComponent,
-    MarconiMambaComponent,
-)
+from sglang_marconi.sglang_integration.components import (MarconiFullComponent,
+                                                          MarconiMambaComponent)
 from sglang_marconi.sglang_integration import unified
 from sglang_marconi.sglang_integration.options import MarconiSettings
 from sglang_marconi.sglang_integration.policy_state import MarconiPolicyState

@@ -6,13 +6,9 @@ from __future__ import annotations
 import heapq
 from operator import attrgetter
 
-from sglang.srt.mem_cache.unified_cache.components.base import (
-    CacheTransferPhase,
-    ComponentType,
-    EvictLayer,
-    InternalStateBackup,
-    LRURefreshPhase,
-)
+from sglang.srt.mem_cache.unified_cache.components.base import (CacheTransferPhase, ComponentType,
+                                                                EvictLayer, InternalStateBackup,
+                                                                LRURefreshPhase)
 from sglang.srt.mem_cache.unified_cache.components.full import FullComponent
 from sglang.srt.mem_cache.unified_cache.components.mamba import MambaComponent
 

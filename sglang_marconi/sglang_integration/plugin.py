@@ -82,10 +82,7 @@ def register() -> None:
     from sglang_marconi.sglang_version import check_sglang_version
 
     check_sglang_version()
-    from sglang.srt.mem_cache.registry import (
-        get_radix_cache_factory,
-        register_radix_cache_backend,
-    )
+    from sglang.srt.mem_cache.registry import get_radix_cache_factory, register_radix_cache_backend
     from sglang.srt.arg_groups.resolution_hooks import register_resolution_hook
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 

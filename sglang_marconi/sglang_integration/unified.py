@@ -12,18 +12,11 @@ from sglang.srt.mem_cache.unified_cache.components.base import EvictLayer, LRURe
 
 from sglang_marconi.policy.ranking import freed_bytes
 from sglang_marconi.policy.scoring import VictimQueue
-from sglang_marconi.sglang_integration.components import (
-    FULL,
-    KEYED_WEIGHT,
-    MAMBA,
-    SAVED,
-    STAMP,
-    MarconiFullComponent,
-    MarconiMambaComponent,
-    cached_flops_saved,
-    has_state,
-    state_recency,
-)
+from sglang_marconi.sglang_integration.components import (FULL, KEYED_WEIGHT, MAMBA, SAVED, STAMP,
+                                                          MarconiFullComponent,
+                                                          MarconiMambaComponent,
+                                                          cached_flops_saved, has_state,
+                                                          state_recency)
 
 
 _first = itemgetter(0)
