@@ -190,9 +190,8 @@ def run_replay(args, spec, trace, label: str, settings=None) -> int:
         raise UserError(f"{label}: no requests")
     kv_tokens, mamba_slots, sizes, unified = resolve_pools(args, spec)
     max_len = _check_pools(args, requests, kv_tokens, mamba_slots)
-    pools = PoolConfig(kv_tokens=kv_tokens, mamba_slots=mamba_slots,
-                       page_size=args.page_size, max_context_len=max_len,
-                       chunked_prefill_size=args.chunked_prefill_size,
+    pools = PoolConfig(kv_tokens=kv_tokens, mamba_slots=mamba_slots, page_size=args.page_size,
+                       max_context_len=max_len, chunked_prefill_size=args.chunked_prefill_size,
                        mamba_track_interval=args.mamba_track_interval,
                        extra_buffer=args.mamba_radix_cache_strategy == "extra_buffer",
                        overlap_schedule=not args.disable_overlap_schedule,
@@ -214,8 +213,7 @@ def run_replay(args, spec, trace, label: str, settings=None) -> int:
                          "mamba_track_interval": args.mamba_track_interval,
                          "mamba_radix_cache_strategy": args.mamba_radix_cache_strategy,
                          "loop": "normal" if args.disable_overlap_schedule else "overlap",
-                         **int8_summary(spec, pools),
-                         "marconi_alpha": settings.alpha,
+                         **int8_summary(spec, pools), "marconi_alpha": settings.alpha,
                          "marconi_max_states_per_request": settings.max_states_per_request,
                          **host_summary(args, spec, pools)}
     if args.json:

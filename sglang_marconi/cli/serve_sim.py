@@ -229,8 +229,7 @@ def build_setup(args):
                             max_prefill_tokens=args.max_prefill_tokens,
                             schedule_policy=args.schedule_policy,
                             measure_bookkeeping=args.bookkeeping != "off",
-                            bookkeeping_cpu_time=args.bookkeeping == "cpu",
-                            clients=args.clients,
+                            bookkeeping_cpu_time=args.bookkeeping == "cpu", clients=args.clients,
                             overlap=not args.disable_overlap_schedule)
     unified = None
     if sizes.mode == "unified":
@@ -290,8 +289,7 @@ def _run(args) -> int:
               "schedule_policy": args.schedule_policy, "bookkeeping": args.bookkeeping,
               "clients": args.clients, "arrivals": args.arrivals, "seed": args.seed,
               "loop": "normal" if args.disable_overlap_schedule else "overlap",
-              "interleaved": args.interleave,
-              **host_summary(args, setup.spec, setup.pools),
+              "interleaved": args.interleave, **host_summary(args, setup.spec, setup.pools),
               **int8_summary(setup.spec, setup.pools)}
     if routers is not None:
         return _run_cluster(args, requests, setup, sizes, caches, loads, routers, options, config)

@@ -26,9 +26,8 @@ PAPER_ONLY = (("policies", "--policies", None), ("capacity", "--capacity", None)
 POOL_FLAGS = (("cache_gb", "--cache-gb"), ("kv_tokens", "--kv-tokens"),
               ("mamba_slots", "--mamba-slots"), ("memory", "--memory"),
               ("mamba_full_memory_ratio", "--mamba-full-memory-ratio"))
-PAPER_DEFAULTS = {"policies": "vllm+,paper-sglang+,marconi,marconi+,infinite",
-                  "capacity": "40GB", "grid": 1, "gpu": "a100", "mfu": 0.5,
-                  "ttft_overhead": 0.02, "jobs": 1}
+PAPER_DEFAULTS = {"policies": "vllm+,paper-sglang+,marconi,marconi+,infinite", "capacity": "40GB",
+                  "grid": 1, "gpu": "a100", "mfu": 0.5, "ttft_overhead": 0.02, "jobs": 1}
 
 
 def add_arguments(parser) -> None:

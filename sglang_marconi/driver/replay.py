@@ -104,9 +104,8 @@ class ReplayBatch:
 class Replayer:
     """Runs ``ReplayRequest``s one after another through ``tree_cache``."""
 
-    def __init__(self, tree_cache, chunked_prefill_size: int = 8192,
-                 mamba_chunk_size: int = 64, overlap: bool = False,
-                 evict_every_decode_step: bool = False):
+    def __init__(self, tree_cache, chunked_prefill_size: int = 8192, mamba_chunk_size: int = 64,
+                 overlap: bool = False, evict_every_decode_step: bool = False):
         """``overlap``: the overlap loop's order for one request at a time (the first decode
         step's KV allocation before the last prefill chunk's ``checkpoint_kv_cache``).
         ``evict_every_decode_step``: SGLang's page-per-request eviction call inside a page too

@@ -112,10 +112,9 @@ def size_pools(spec, cache_gb: float, memory: str = "static", *,
         kv_side = int(rest_kv) - int(rest_kv) % 4096
         unified_bytes = kv_side + slots * per_slot
         total_kv = unified_bytes // kv_per_token // page_size * page_size
-    return PoolSizes(mode=memory, cache_bytes=int(rest), kv_tokens=total_kv,
-                     mamba_slots=slots, max_running_requests=running,
-                     slots_per_request=ratio, unified_bytes=unified_bytes,
-                     mamba_full_memory_ratio=mamba_full_memory_ratio,
-                     kv_bytes_per_token=kv_per_token, state_bytes=per_slot,
-                     page_size=page_size, static_kv_tokens=kv_tokens)
+    return PoolSizes(mode=memory, cache_bytes=int(rest), kv_tokens=total_kv, mamba_slots=slots,
+                     max_running_requests=running, slots_per_request=ratio,
+                     unified_bytes=unified_bytes, mamba_full_memory_ratio=mamba_full_memory_ratio,
+                     kv_bytes_per_token=kv_per_token, state_bytes=per_slot, page_size=page_size,
+                     static_kv_tokens=kv_tokens)
 

@@ -84,9 +84,8 @@ def restore(config, ckpt: Checkpoint) -> DynamicCache:
                             "not an SSM layer")
         for idx, conv in state.conv.items():
             conv = torch.nn.functional.pad(conv, (1, 0))  # the never-read oldest column
-            LinearAttentionLayer.lazy_initialization(
-                layer, conv_states=conv, state_idx=idx, conv_kernel_size=conv.shape[-1]
-            )
+            LinearAttentionLayer.lazy_initialization(layer, conv_states=conv, state_idx=idx,
+                                                     conv_kernel_size=conv.shape[-1])
             layer.conv_states[idx].copy_(conv)
             layer.has_previous_state[idx] = True
         for idx, rec in state.recurrent.items():

@@ -237,8 +237,7 @@ def _run_one(name, cache, requests, cfg, progress, per_request) -> dict:
     pauses = GCPauses()
     calls = CallTimer(cache, pauses)
     replayer = Replayer(cache, chunked_prefill_size=cfg.pools.chunked_prefill_size,
-                        overlap=cfg.overlap,
-                        evict_every_decode_step=cfg.evict_every_decode_step)
+                        overlap=cfg.overlap, evict_every_decode_step=cfg.evict_every_decode_step)
     spec = cfg.spec
     hit = inp = lost = 0
     saved = total_flops = 0.0

@@ -209,8 +209,7 @@ def _kimi_linear(r):
     kda = kda_layer(hidden, heads, head_dim, conv, **_ssm_bytes(r))
     mla = MLAAttentionLayer(hidden, r.int("num_attention_heads"), r.int("num_attention_heads"),
                             r.int("qk_nope_head_dim"), r.dtypes.kv_bytes,
-                            q_lora_rank=r.int0("q_lora_rank"),
-                            kv_lora_rank=r.int("kv_lora_rank"),
+                            q_lora_rank=r.int0("q_lora_rank"), kv_lora_rank=r.int("kv_lora_rank"),
                             rope_dim=r.int("qk_rope_head_dim"), v_head_dim=r.int("v_head_dim"))
     experts = MLPLayer(hidden, expert_size=r.int("moe_intermediate_size"),
                        active_experts=r.int(r.first(("num_experts_per_token",

@@ -159,12 +159,10 @@ def mamba2_layer(hidden, d_inner, nheads, d_state, n_groups, d_conv, state_bytes
     proj += 2 * conv_dim * d_conv
     head_dim = d_inner // nheads
     rank_conv = _split(d_inner + 2 * _groups(n_groups, tp) * d_state, tp, "conv channels")
-    return SSMLayer("mamba2",
-                    temporal_elems=_split(nheads, tp, "SSM heads") * head_dim * d_state,
-                    conv_elems=rank_conv * (d_conv - 1),
-                    state_dtype_bytes=state_bytes, conv_dtype_bytes=conv_bytes,
-                    proj_flops_per_token=proj, scan_flops_per_token=6 * d_inner * d_state,
-                    state_head_dim=head_dim)
+    return SSMLayer("mamba2", temporal_elems=_split(nheads, tp, "SSM heads") * head_dim * d_state,
+                    conv_elems=rank_conv * (d_conv - 1), state_dtype_bytes=state_bytes,
+                    conv_dtype_bytes=conv_bytes, proj_flops_per_token=proj,
+                    scan_flops_per_token=6 * d_inner * d_state, state_head_dim=head_dim)
 
 
 def mamba1_layer(hidden, d_inner, d_state, d_conv, dt_rank, state_bytes, conv_bytes,

@@ -21,8 +21,7 @@ class OnlineAlpha:
     def __init__(self, make_shadow, alphas=DEFAULT_ALPHAS, window: int = defaults.ONLINE_WINDOW,
                  period: int = defaults.ONLINE_PERIOD,
                  hysteresis: float = defaults.ONLINE_HYSTERESIS,
-                 sample: float = defaults.ONLINE_SAMPLE,
-                 initial: float = 0.0):
+                 sample: float = defaults.ONLINE_SAMPLE, initial: float = 0.0):
         if not alphas or window <= 0 or period <= 0 or not 0 < sample <= 1:
             raise ValueError("online alpha: need alphas, window > 0, period > 0, 0 < sample <= 1")
         self.alphas = tuple(float(a) for a in alphas)

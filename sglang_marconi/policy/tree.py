@@ -30,9 +30,8 @@ def common_prefix_len(a: np.ndarray, b: np.ndarray) -> int:
 
 
 class Node:
-    __slots__ = ("id", "parent", "children", "tokens", "prefix_len", "has_state",
-                 "last_access", "lock_ref", "hits", "max_children", "hit_score",
-                 "last_hit", "__weakref__")
+    __slots__ = ("id", "parent", "children", "tokens", "prefix_len", "has_state", "last_access",
+                 "lock_ref", "hits", "max_children", "hit_score", "last_hit", "__weakref__")
 
     def __init__(self, node_id: int, parent, tokens: np.ndarray, now: float):
         self.id = node_id

@@ -184,8 +184,7 @@ def run_cluster(cache_name: str, router_name: str, requests, setup, replicas: in
     t0 = time.perf_counter()
     cluster.run(requests, times, progress)
     summary = summarize_cluster(cluster, setup.spec, cache_name, router_name,
-                                load if rate_scale is None else None,
-                                time.perf_counter() - t0)
+                                load if rate_scale is None else None, time.perf_counter() - t0)
     if rate_scale is not None:
         summary["rate_scale"] = rate_scale
     return summary, cluster

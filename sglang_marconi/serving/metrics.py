@@ -116,15 +116,12 @@ def host_stats(sched, spec) -> dict:
                         sum(r.storage_hit_len for r in sched.records.values()))
     loads = [s for s in sched.steps if s.load_s > 0]
     ttft = [r.first_token - r.arrival for r in hits if r.first_token is not None]
-    host.update(
-        requests_with_host_hits=len(hits),
-        steps_with_loads=len(loads),
-        load_s_total=sum(s.load_s for s in loads),
-        load_exposed_s_total=sum(s.load_exposed_s for s in loads),
-        device_kv_tokens_evicted=sched.device.kv_tokens_evicted,
-        device_states_evicted=sched.device.states_evicted,
-        ttft_host_hit_p50_s=quantile(ttft, 0.50),
-        ttft_host_hit_p95_s=quantile(ttft, 0.95))
+    host.update(requests_with_host_hits=len(hits), steps_with_loads=len(loads),
+                load_s_total=sum(s.load_s for s in loads),
+                load_exposed_s_total=sum(s.load_exposed_s for s in loads),
+                device_kv_tokens_evicted=sched.device.kv_tokens_evicted,
+                device_states_evicted=sched.device.states_evicted,
+                ttft_host_hit_p50_s=quantile(ttft, 0.50), ttft_host_hit_p95_s=quantile(ttft, 0.95))
     return {"host_hit_tokens": host["hit_tokens"], "host": host}
 
 

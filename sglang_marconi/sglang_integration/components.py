@@ -191,9 +191,8 @@ class _ScoredQueue:
             core._evict_component_and_detach_lru(
                 x, self, target=EvictLayer.HOST, tracker=tracker, device_frees=device_frees,
                 host_frees=host_frees, cache_actions=cache_actions)
-            core._cascade_evict(x, self, tracker, device_frees=device_frees,
-                                host_frees=host_frees, target=EvictLayer.HOST,
-                                cache_actions=cache_actions)
+            core._cascade_evict(x, self, tracker, device_frees=device_frees, host_frees=host_frees,
+                                target=EvictLayer.HOST, cache_actions=cache_actions)
             core._update_evictable_leaf_sets(x)
         self.host_clock.evicted(x, key)
         self.cache.marconi.stats.host_evicted[self.component_type.name.lower()] += 1
