@@ -67,8 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
-    """The replay's flags (``ab``, ``sim``): pools, SGLang's scheduler settings, the caches
-    and the Marconi cache's settings, the host tier."""
+    """The replay's flags (``ab``, ``sim``): pools, scheduler, caches, Marconi, host tier."""
     add_pool_arguments(parser)
     parser.add_argument("--page-size", type=_positive, default=64)
     parser.add_argument("--chunked-prefill-size", type=_positive, default=8192)

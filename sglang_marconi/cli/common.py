@@ -109,8 +109,7 @@ def print_json(obj) -> None:
 
 
 def run_with_sglang(fn, args) -> int:
-    """``fn(args)`` after checking the SGLang pin, with the UserWarnings sglang's imports
-    print about CUDA-only kernels on a CPU machine silenced (not news here)."""
+    """``fn(args)`` after the SGLang pin check, sglang's CUDA-only UserWarnings silenced."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=UserWarning, module=r"sglang\.")
         try:

@@ -32,8 +32,7 @@ def host_enabled(args) -> bool:
 
 
 def host_ratio(args, spec, kv_tokens: int, mamba_slots: int) -> float:
-    """Host slots per device slot: from ``--hicache-size`` (SGLang's proportional split) when
-    given, else ``--hicache-ratio`` (SGLang's default when neither)."""
+    """Host slots per device slot: from ``--hicache-size``, else ``--hicache-ratio``."""
     if args.hicache_size is None:
         return args.hicache_ratio or DEFAULT_HICACHE_RATIO
     return ratio_for_size(args.hicache_size, spec, kv_tokens, mamba_slots)
@@ -63,8 +62,7 @@ def resolve_host(args, spec, kv_tokens: int, mamba_slots: int, unified) -> dict:
 
 
 def host_summary(args, spec, pools) -> dict:
-    """The host tier in ``ab --json``'s config: the host pools as SGLang builds them
-    (``host_pool_slots``)."""
+    """The host tier in ``ab --json``'s config: the host pools as SGLang builds them."""
     if pools.hicache_write_policy is None:
         return {}
     kv_host, states_host = host_pool_slots(pools.hicache_ratio, pools.kv_tokens,

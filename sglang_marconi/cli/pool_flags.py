@@ -54,8 +54,7 @@ def resolve_pools(args, spec):
 
 
 def pool_sizes(args, spec):
-    """(kv_tokens, mamba_slots, PoolSizes or None) from the flags (no torch, no SGLang):
-    the explicit form, or the pools SGLang sizes from ``--cache-gb``."""
+    """(kv_tokens, mamba_slots, PoolSizes or None) from the flags (no torch, no SGLang)."""
     explicit = args.kv_tokens is not None or args.mamba_slots is not None
     if args.cache_gb is not None and explicit:
         raise UserError("--cache-gb and --kv-tokens/--mamba-slots are two forms of the pool "
@@ -121,8 +120,7 @@ INT8_REFUSED = {
 
 
 def int8_summary(spec, pools) -> dict:
-    """The int8 checkpoint pool in ``ab --json``'s config ({} when off), sized as SGLang
-    sizes it (``maybe_init_int8_mamba_checkpoint_pool``: 2 x the state slots by default)."""
+    """The int8 checkpoint pool in ``ab --json``'s config ({} when off), sized as SGLang's."""
     if not pools.int8_checkpoint:
         return {}
     slots = pools.int8_checkpoint_slots or 2 * pools.mamba_slots

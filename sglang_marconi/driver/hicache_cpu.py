@@ -113,8 +113,7 @@ def unpin(cache) -> None:
 
 
 def single_rank():
-    """The L3 backend reads this process's rank; a CPU build has no process group, so
-    state the single-rank topology (as SGLang's own HiCache test fixtures do)."""
+    """State the single-rank topology the L3 backend reads (no process group on CPU)."""
     from sglang.srt.runtime_context import get_parallel  # heavy: sglang
 
     return get_parallel().override(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1)

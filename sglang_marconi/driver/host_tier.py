@@ -55,8 +55,7 @@ def prefetch(cache, req) -> int:
 
 
 def settle(cache) -> None:
-    """Wait for the L3 backend's pending backups to be acknowledged (their host locks
-    released), as later scheduler iterations would."""
+    """Wait until the L3 backend's pending backups are acknowledged."""
     deadline = time.monotonic() + PREFETCH_WAIT_S
     while enabled(cache) and cache.ongoing_backup:
         if time.monotonic() > deadline:
@@ -66,8 +65,7 @@ def settle(cache) -> None:
 
 
 def admit(cache, req) -> int:
-    """Load the request's host hit back to the device (``PrefillAdder``); returns the
-    tokens loaded (0 when there was none or the load-back declined)."""
+    """Load the request's host hit back to the device; returns the tokens loaded."""
     from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams  # heavy: sglang
 
     if not enabled(cache) or not req.needs_host_load_back():

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 
 def lost_reuse_tokens(result, input_len: int) -> int:
-    """Tokens of a prompt of ``input_len`` whose KV matched beyond the hit ``result``
-    reports (a ``MatchResult``): the KV was there, no usable state at its end."""
+    """Prompt tokens whose KV matched beyond the hit ``result`` reports."""
     matched = min(int(getattr(result, "full_kv_hit_length", 0) or 0), max(0, input_len - 1))
     hit = result.device_prefix_len + getattr(result, "host_hit_length", 0)
     return max(0, matched - hit)
 
 
 def track_lost_reuse(cache) -> dict:
-    """Wrap ``cache.match_prefix`` (the scheduler's match keeps only the hit) and return a
-    dict that every match made for a request fills: rid -> the reuse its last match lost."""
+    """Wrap ``cache.match_prefix``: rid -> the reuse its last match lost."""
     lost: dict = {}
     match = cache.match_prefix
 

@@ -159,8 +159,7 @@ def build_cache(pc: PoolConfig, cache_class=None, tree_core: str = "rust",
 
 
 def attach_host_tier(cache, params) -> None:
-    """SGLang's registry step for ``--enable-hierarchical-cache`` (``registry.py``:
-    ``cache.init_hicache(server_args, params)``) on the published CPU server args."""
+    """SGLang's registry step ``cache.init_hicache(server_args, params)`` on CPU."""
     from sglang.srt.runtime_context import get_server_args  # heavy: sglang
 
     hicache_cpu.install()

@@ -60,8 +60,7 @@ class RequestOutcome:
 
 
 class ReplayBatch:
-    """The attributes of ``ScheduleBatch`` that SGLang's allocation helpers read, for one
-    running request."""
+    """The attributes of ``ScheduleBatch`` SGLang's allocation helpers read."""
 
     def __init__(self, tree_cache, req, mamba_chunk_size: int):
         self.tree_cache = tree_cache

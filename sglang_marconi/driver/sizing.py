@@ -77,8 +77,7 @@ def size_pools(spec, cache_gb: float, memory: str = "static", *,
                mamba_full_memory_ratio: float = 0.9, extra_buffer: bool = True,
                page_size: int = 64, max_running_requests: Optional[int] = None,
                overlap: bool = True, context_len: int = DEFAULT_CONTEXT_LEN) -> PoolSizes:
-    """The pools SGLang 0.5.23 builds for ``cache_gb`` GB of cache memory; ``memory``: "static"
-    or "unified" (``--enable-unified-memory``)."""
+    """The pools SGLang 0.5.23 builds for ``cache_gb`` GB; ``memory``: static or unified."""
     if memory not in MODES:
         raise UserError(f"--memory: expected static or unified, got {memory!r}")
     if not cache_gb > 0:

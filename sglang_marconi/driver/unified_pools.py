@@ -128,8 +128,7 @@ def build_unified_pools(pc: PoolConfig, ucfg: UnifiedConfig):
 
 def build_unified_cache(pc: PoolConfig, ucfg: UnifiedConfig, cache_class=None,
                         tree_core: str = "rust"):
-    """A fresh cache of ``cache_class`` (default: stock ``UnifiedRadixCache``) on a new
-    unified buffer. Returns (cache, allocator, req_to_token_pool)."""
+    """A fresh cache on a new unified buffer: (cache, allocator, req_to_token_pool)."""
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
     params, allocator, req_to_token_pool, _ = build_unified_pools(pc, ucfg)

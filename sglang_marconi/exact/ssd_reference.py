@@ -33,8 +33,7 @@ def _parents(name: str) -> list:
 
 @lru_cache(maxsize=None)
 def _load_reference_file(package: str, relative: str):
-    """One file of ``package`` loaded under a private name with stub modules for its CUDA-only
-    imports, removed again afterwards."""
+    """One file of ``package`` loaded under a private name, CUDA imports stubbed."""
     spec = importlib.util.find_spec(package)  # locates the package without importing it
     if spec is None or not spec.submodule_search_locations:
         raise ImportError(f"{package} is not installed (see requirements/no-deps.txt)")

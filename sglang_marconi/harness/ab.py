@@ -206,8 +206,7 @@ def make_cache(name: str, cfg: ABConfig):
 
 
 def open_cache(name: str, cfg: ABConfig, stack: contextlib.ExitStack, build=None):
-    """``build(name, cfg)`` (default ``make_cache``); with ``cfg.l3`` an L3 file store in a
-    temporary directory, stopped and removed when ``stack`` closes."""
+    """``build(name, cfg)``; with ``cfg.l3`` a temporary L3 file store closed with ``stack``."""
     if cfg.l3:
         store = stack.enter_context(tempfile.TemporaryDirectory(prefix="ab-l3-"))
         cfg = dataclasses.replace(cfg, pools=dataclasses.replace(

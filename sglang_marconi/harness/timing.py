@@ -7,8 +7,7 @@ import time
 
 
 def quantile(xs, q: float) -> float:
-    """Nearest-rank quantile: the element at rank ``int(q * n)`` of the sorted ``xs`` (0.0
-    for none)."""
+    """Nearest-rank quantile: element ``int(q * n)`` of the sorted ``xs`` (0.0 for none)."""
     if not xs:
         return 0.0
     s = sorted(xs)

@@ -238,8 +238,7 @@ def _lfm2_ff_dim(r) -> int:
 
 
 def _lfm2(r):
-    """LFM2 / LFM2-MoE: gated short convolutions or GQA attention, then a gated MLP (LFM2)
-    or, after ``num_dense_layers`` dense ones, MoE (LFM2-MoE)."""
+    """LFM2 / LFM2-MoE: short convolutions or GQA attention, then a gated MLP or MoE."""
     hidden = r.int("hidden_size")
     conv = short_conv_layer(hidden, r.int("conv_L_cache"), r.dtypes.conv_bytes, tp=r.tp)
     moe_model = getattr(r.cfg, "model_type", None) == "lfm2_moe"
@@ -304,8 +303,7 @@ def _bamba(r):
 
 
 def _zamba2(r):
-    """Zamba2 (transformers only): Mamba2 in every layer; 'hybrid' layers also run the shared
-    transformer block (own KV per invocation)."""
+    """Zamba2 (transformers only): Mamba2 everywhere, 'hybrid' layers add the shared block."""
     hidden = r.int("hidden_size")
     mamba = mamba2_layer(hidden, r.int("mamba_expand") * hidden, r.int("n_mamba_heads"),
                          r.int("mamba_d_state"), r.int("mamba_ngroups"), r.int("mamba_d_conv"),
@@ -394,6 +392,5 @@ def spec_from_hf_config(cfg, name=None, dtype=None, *, kv_cache_dtype=None,
 
 
 def spec_from_config_path(path, name=None, dtype=None, **server) -> HybridModelSpec:
-    """From a Hugging Face ``config.json`` (or a model folder holding one); ``server``: the
-    keyword flags of ``spec_from_hf_config``."""
+    """From a ``config.json`` (or its folder); ``server``: ``spec_from_hf_config``'s flags."""
     return spec_from_hf_config(load_hf_config(path), name=name, dtype=dtype, **server)

@@ -47,8 +47,7 @@ def _choice(value, choices, what):
 
 def cache_dtypes(cfg, arch: str, model_dtype: str, *, kv_cache_dtype: str | None = None,
                  mamba_ssm_dtype: str | None = None, env=None) -> CacheDtypes:
-    """SGLang's cache dtypes for a config of architecture ``arch`` served in
-    ``model_dtype``; ``kv_cache_dtype`` / ``mamba_ssm_dtype`` are the server flags."""
+    """SGLang's cache dtypes for ``arch`` served in ``model_dtype`` with these flags."""
     env = os.environ if env is None else env
     kv = _choice(kv_cache_dtype or "auto", KV_CACHE_DTYPES, "--kv-cache-dtype")
     kv = model_dtype if kv == "auto" else ("bfloat16" if kv == "bf16" else kv)

@@ -44,8 +44,7 @@ class AttentionLayer:
 
 @dataclass(frozen=True)
 class MLAAttentionLayer(AttentionLayer):
-    """Multi-head latent attention (Kimi-Linear): SGLang's ``MLATokenToKVPool`` keeps
-    kv_lora_rank + qk_rope_head_dim elements per token on every rank."""
+    """Multi-head latent attention (Kimi-Linear): latent + rope key per token, every rank."""
 
     q_lora_rank: int = 0
     kv_lora_rank: int = 0
@@ -145,8 +144,7 @@ def _split(n: int, tp: int, what: str) -> int:
 
 
 def _groups(n_groups: int, tp: int) -> int:
-    """SGLang's ``Mamba2StateShape.create``: groups that do not split evenly are
-    replicated up to the rank count (``extra_groups_for_head_shards``)."""
+    """SGLang's ``Mamba2StateShape.create``: uneven groups replicated up to the ranks."""
     return n_groups if n_groups % tp == 0 else n_groups + tp - n_groups
 
 

@@ -75,8 +75,7 @@ def preset_config(name: str):
 
 
 def preset_spec(name: str, dtype: str | None = None, **server) -> HybridModelSpec:
-    """A preset as a server holds it; ``server``: ``spec_from_hf_config``'s flags
-    (``kv_cache_dtype``, ``mamba_ssm_dtype``, ``tp_size``; paper-7b takes none)."""
+    """A preset as a server holds it; ``server``: ``spec_from_hf_config``'s flags."""
     if name == "paper-7b":
         if any(v not in (None, 1) for v in server.values()):
             raise UserError("paper-7b is the paper's model: it takes no server dtype or "

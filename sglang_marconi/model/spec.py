@@ -81,8 +81,7 @@ class HybridModelSpec:
 
     @cached_property
     def config_state_bytes(self) -> int:
-        """A cached state's bytes as the layers and dtypes give them (int8 checkpoints:
-        the checkpoint pool's)."""
+        """A cached state's bytes from the layers and dtypes (int8: the checkpoint's)."""
         if self.int8_checkpoints:
             return self.int8_checkpoint_bytes
         return self.full_state_bytes
@@ -98,8 +97,7 @@ class HybridModelSpec:
         return sum(x.int8_checkpoint_bytes for x in self.ssm_layers)
 
     def with_int8_checkpoints(self) -> "HybridModelSpec":
-        """This spec with cached states in SGLang's int8 checkpoint pool
-        (``--enable-int8-mamba-checkpoint``): what eviction ranks and frees."""
+        """This spec with cached states in SGLang's int8 checkpoint pool."""
         return replace(self, int8_checkpoints=True)
 
     def with_pool_bytes(self, kv_bytes_per_token: int, state_bytes: int) -> "HybridModelSpec":

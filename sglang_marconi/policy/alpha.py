@@ -35,8 +35,7 @@ class AlphaTuner:
             self.first_eviction_at = max(1, len(self.window))
 
     def observe_request(self, request) -> float | None:
-        """Record a finished request; returns the new alpha when the tuning completes with
-        this request, else None."""
+        """Record a finished request; the new alpha when tuning completes, else None."""
         if self.tuned:
             return None
         self.window.append(request)

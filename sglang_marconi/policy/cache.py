@@ -184,8 +184,7 @@ class PrefixCache:
         return end if end > plan.hit_len else 0
 
     def _observe_ghost_answer(self, plan: RequestPlan, end: int) -> None:
-        """marconi+: count the finished request in the learned rates (end states, chain
-        states), from what the ghost index knew of its input."""
+        """marconi+: count the finished request in the learned rates."""
         if self.end_usefulness is not None:
             self.end_usefulness.observe_request(plan.reaches_end, bool(end))
         if self.reuse_weight is not None and self.reuse_weight.observe_request(plan.ghost):

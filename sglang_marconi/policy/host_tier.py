@@ -30,8 +30,7 @@ class HostLink:
 
 def host_hit_value(spec: CostModel, link: HostLink, depth: int, ancestor_depth: int,
                    load_bytes: float) -> float:
-    """FLOPs a hit ending at ``depth`` saves over one ending at ``ancestor_depth``, minus
-    the load of ``load_bytes`` it needs first; never below 0."""
+    """FLOPs a hit at ``depth`` saves over ``ancestor_depth``, less its load; >= 0."""
     return max(0.0, spec.flops_saved(depth, ancestor_depth) - link.load_flops(load_bytes))
 
 
@@ -63,8 +62,7 @@ def host_efficiency(spec: CostModel, link: HostLink, tree: TreeAdapter, node, ow
 
 
 class HostClock:
-    """marconi+'s GDSF inflation clock of one host pool; a node's base (the clock when last
-    touched) is stamped lazily on the node under ``attr``."""
+    """marconi+'s GDSF inflation clock of one host pool (bases stamped on the nodes)."""
 
     def __init__(self, attr: str = "_host_clock_stamp"):
         self.value = 0.0
@@ -129,7 +127,6 @@ class HostRanking:
 
 
 def host_link_preset(name: str = DEFAULT_HOST_GPU, **overrides) -> HostLink:
-    """The two-tier rule's cost of a host load on a preset: PCIe bytes/s and the prefill
-    FLOP rate (mfu x peak) whose FLOPs a load's time forgoes."""
+    """A preset's host-load cost: PCIe bytes/s and the prefill FLOP rate it forgoes."""
     gpu = preset(name, **overrides)
     return HostLink(gpu.pcie_bytes_s, gpu.mfu * gpu.peak_flops)

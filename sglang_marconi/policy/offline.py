@@ -13,8 +13,7 @@ from sglang_marconi.policy.tree import RadixTree, as_tokens
 
 
 class FutureIndex:
-    """For any prefix: the sorted indices of the requests whose key (input minus its last
-    token, what a hit may cover) starts with it."""
+    """For any prefix: the sorted indices of the requests whose key starts with it."""
 
     def __init__(self, inputs):
         keys = [as_tokens(t)[:max(0, len(t) - 1)] for t in inputs]

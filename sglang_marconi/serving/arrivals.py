@@ -7,8 +7,7 @@ import numpy as np
 
 
 def decode_batch(requests, max_running_requests: int, kv_tokens: int) -> int:
-    """The largest decode batch the pools allow: ``max_running_requests``, and no more
-    sequences of the trace's mean length than the KV pool holds."""
+    """The largest decode batch the pools allow (requests and KV)."""
     mean_len = np.mean([len(r.input_ids) + max(1, r.output_len) for r in requests])
     return max(1, min(max_running_requests, int(kv_tokens // mean_len)))
 
@@ -30,8 +29,7 @@ def offered_seconds(requests, time_model, batch: int, chunk: int = 8192) -> floa
 
 def arrivals_for_load(timestamps, requests, time_model, load: float, seed: int = 0,
                       batch: int = 1, chunk: int = 8192, poisson: bool = False):
-    """Arrival seconds for offered load ``load`` (> 0); ``poisson``: seeded Poisson arrivals at
-    that rate in the trace's order."""
+    """Arrival seconds for offered load ``load`` (> 0), or seeded Poisson ones."""
     ts = np.asarray(timestamps, dtype=float)
     span = offered_seconds(requests, time_model, batch, chunk) / load
     t0 = ts.min() if len(ts) else 0.0

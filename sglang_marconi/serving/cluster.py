@@ -46,12 +46,10 @@ class Cluster:
         return len(self.open[k])
 
     def listen(self, t: float) -> None:
-        """What the router hears from the replicas before it routes at ``t``: nothing
-        (sglang-router's policies see only the in-flight counts)."""
+        """What the router hears before routing at ``t``: nothing (in-flight counts only)."""
 
     def decide(self, rr, loads) -> tuple:
-        """(the router's ``Decision`` for ``rr``, the tokens it believed the chosen replica
-        would reuse; None: it keeps no tree)."""
+        """(the router's ``Decision`` for ``rr``, the tokens it believed would be reused)."""
         decision = self.router.route(text_for_input_ids(rr.input_ids), loads)
         believed = None
         if self.router.name == "cache_aware":
@@ -79,8 +77,7 @@ class Cluster:
         return routed
 
     def run(self, requests, arrivals, progress: Optional[Callable] = None) -> None:
-        """Routes and runs every request; stops when a replica's SGLang scheduler crashes
-        (``crash`` names the replica and what it raised)."""
+        """Route and run every request; stops when a replica's scheduler crashes."""
         order = sorted(range(len(requests)), key=lambda i: (arrivals[i], i))
         with contextlib.ExitStack() as stack:
             for sched in self.replicas:

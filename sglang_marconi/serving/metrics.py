@@ -25,8 +25,7 @@ def busy_in_window(steps, t0: float, t1: float) -> float:
 
 
 def backlog_growth(recs) -> float:
-    """Requests left in the server per request arriving, over the later half of ``recs``
-    (``RequestRecord``s) by arrival (0 with fewer than 4 there or one arrival instant)."""
+    """Requests left in the server per request arriving, over the later half."""
     late = sorted(recs, key=lambda r: r.arrival)[len(recs) // 2:]
     x = np.array([r.arrival for r in late])
     if len(late) < 4 or np.ptp(x) == 0:

@@ -149,8 +149,7 @@ class RoundRobinRouter:
 
 
 class RandomRouter:
-    """``src/policies/random.rs`` 21-37: uniform over the workers (seeded here; the binary's
-    thread RNG is not reproducible, so random is not held to conformance)."""
+    """``src/policies/random.rs`` 21-37: uniform over the workers (seeded here)."""
 
     name = "random"
 
@@ -178,8 +177,7 @@ class DataParallelRoundRobin(RoundRobinRouter):
 
 
 def make_router(name: str, workers: Sequence[str], seed: int = 0, **cache_aware_options):
-    """cache_aware, round_robin, random or dp_round_robin for ``workers`` (cache_aware takes
-    the threshold options)."""
+    """cache_aware, round_robin, random or dp_round_robin for ``workers``."""
     if name == "cache_aware":
         return CacheAwareRouter(workers, **cache_aware_options)
     if name == "round_robin":

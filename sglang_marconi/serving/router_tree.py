@@ -34,8 +34,7 @@ class PrefixMatch:
 
 
 def shared_prefix_len(a: str, b: str) -> int:
-    """Characters ``a`` and ``b`` share from the start (tree.rs 289-317), by bisection on
-    slice equality (C-speed compares; the texts can be long)."""
+    """Characters ``a`` and ``b`` share from the start (tree.rs 289-317), by bisection."""
     hi = min(len(a), len(b))
     if a[:hi] == b[:hi]:
         return hi
@@ -50,8 +49,7 @@ def shared_prefix_len(a: str, b: str) -> int:
 
 
 class CharTree:
-    """The multi-tenant character radix tree of tree.rs (single-threaded); ``first_epoch``: the
-    process-global epoch counter's value before the first call."""
+    """The multi-tenant character radix tree of tree.rs (single-threaded)."""
 
     def __init__(self, first_epoch: int = 0):
         self.root = Node("", None, {}, None)

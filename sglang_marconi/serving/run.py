@@ -59,8 +59,7 @@ def offered_batch(setup: ServeSetup, requests) -> int:
 
 def run_serving(name: str, requests, setup: ServeSetup, load=None, rate_scale=None,
                 progress: Optional[Callable] = None, after_step=None, on_launch=None):
-    """One run; returns (summary dict, the scheduler with its records). ``after_step`` and
-    ``on_launch``: ``ServingScheduler``'s hooks (tests)."""
+    """One run: (summary dict, the scheduler); ``after_step``/``on_launch``: its hooks."""
     cfg = ABConfig(pools=setup.pools, spec=setup.spec, settings=setup.settings,
                    unified=setup.unified, l3=setup.l3)
     with contextlib.ExitStack() as stack:  # the L3 store lives for the run
@@ -75,8 +74,7 @@ def run_serving(name: str, requests, setup: ServeSetup, load=None, rate_scale=No
 
 
 def run_summary(name, sched, setup: ServeSetup, requests, load, rate_scale, wall) -> dict:
-    """``metrics.summarize`` of one run, with the rate scale or the decode batch the
-    load counted with."""
+    """``metrics.summarize`` of one run, with its rate scale or decode batch."""
     summary = summarize(sched, setup.spec, name, load if rate_scale is None else None, wall)
     if rate_scale is not None:
         summary["rate_scale"] = rate_scale
@@ -139,8 +137,7 @@ def run_interleaved(names, requests, setup: ServeSetup, load=None, rate_scale=No
 
 def run_grid(requests, setup: ServeSetup, caches, loads, rate_scale=None,
              show_progress: bool = True, interleave: bool = False) -> dict:
-    """Every cache at every load (or ``rate_scale``): ``{"runs": [...], "ttft": {...}}``;
-    ``interleave`` runs the caches of one load side by side."""
+    """Every cache at every load (or ``rate_scale``); ``interleave``: side by side."""
     runs, curves = [], {}
     points = [(None, rate_scale)] if rate_scale is not None else [(x, None) for x in loads]
     for load, scale in points:
