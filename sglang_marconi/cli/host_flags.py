@@ -45,8 +45,7 @@ def ratio_for_size(size_gb: float, spec, kv_tokens: int, mamba_slots: int) -> fl
 
 
 def host_pool_slots(ratio: float, kv_tokens: int, state_slots: int, page: int) -> tuple:
-    """(KV token slots, state slots) of the host pools SGLang builds for ``ratio``
-    (``pool_host/base.py`` 226-229, ``mamba.py`` 171-174): floored to the page, plus one page."""
+    """(KV token, state) slots of SGLang's host pools for ``ratio``, plus one page each."""
     return (int(kv_tokens * ratio) // page + 1) * page, int(state_slots * ratio) + 1
 
 

@@ -72,9 +72,7 @@ def pool_sizes(args, spec):
 
 
 def check_pools_fit(args, kv_tokens: int, mamba_slots: int, longest: int, page: int) -> int:
-    """The pools must hold the longest request (its tokens and 2 pages, as SGLang checks
-    ``max_context_len``) and a running request's 3 state slots and one more; returns the
-    KV tokens needed. One-line errors that name the flag."""
+    """The KV tokens the longest request needs (and 4 state slots), else a one-line error."""
     need = longest + 2 * page
     if kv_tokens < need:
         given = ("--kv-tokens" if args.cache_gb is None

@@ -145,8 +145,7 @@ def build_pools(pc: PoolConfig):
 
 def build_cache(pc: PoolConfig, cache_class=None, tree_core: str = "rust",
                 params_override: Optional[dict] = None):
-    """A fresh cache of ``cache_class`` (default: stock ``UnifiedRadixCache``, or any callable
-    taking ``CacheInitParams``) on new pools: (cache, allocator, req_to_token_pool)."""
+    """A fresh ``cache_class`` cache on new pools: (cache, allocator, req_to_token_pool)."""
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
     params, allocator, req_to_token_pool = build_pools(pc)

@@ -173,8 +173,7 @@ class Replayer:
         self._track_decode_state(req)
 
     def _decode_alloc(self, req) -> None:
-        """``prepare_for_decode`` for one token: SGLang's ``alloc_for_decode_default`` on a page
-        boundary; inside a page its effect (``last_loc + 1``) written directly."""
+        """``prepare_for_decode`` of one token (inside a page its effect written directly)."""
         seq_len = req.kv.kv_committed_len
         if seq_len % self.cache.page_size == 0:
             batch = ReplayBatch(self.cache, req, self.mamba_chunk_size)
@@ -201,8 +200,7 @@ class Replayer:
                 return done.value
 
     def steps(self, rr: ReplayRequest, decode_block: int = 64):
-        """``run`` in steps: yields each step's work in token units (a prefill chunk's tokens, or
-        ``DECODE_STEP_WEIGHT`` per decode step of a ``decode_block``) and returns the outcome."""
+        """``run`` in steps, yielding each step's work in token units; returns the outcome."""
         seconds = 0.0
         t0 = time.perf_counter()
         input_len = len(rr.input_ids)

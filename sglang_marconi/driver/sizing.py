@@ -31,8 +31,7 @@ class PoolSizes:
 
     @property
     def mamba_slot_ids(self) -> int:
-        """The state slots SGLang's allocator hands out: the static pool's, or under unified memory
-        a buffer full of states (``total_bytes // entry_bytes`` ids, slot 0 reserved)."""
+        """The state slots SGLang's allocator hands out (unified: a buffer of states)."""
         if self.mode == "unified":
             return self.unified_bytes // self.state_bytes - 1
         return self.mamba_slots

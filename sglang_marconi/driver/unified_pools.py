@@ -31,8 +31,7 @@ class UnifiedConfig:
 
     @classmethod
     def for_tokens(cls, spec, kv_tokens: int, states: int, mamba_slots: int) -> "UnifiedConfig":
-        """A buffer of ``kv_tokens`` KV tokens' bytes plus room for ``states`` states of
-        ``spec`` (tests), with ``mamba_slots`` slot ids."""
+        """A buffer for ``kv_tokens`` KV tokens plus ``states`` states (tests)."""
         return cls(kv_tokens * spec.kv_bytes_per_token + states * spec.ssm_state_bytes,
                    spec.kv_bytes_per_token, spec.ssm_state_bytes, mamba_slots)
 

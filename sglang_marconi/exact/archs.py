@@ -132,8 +132,7 @@ def get_arch(name: str) -> Arch:
 
 
 def build_model(arch: Arch, seed: int, keep_dt_clamp: bool = False):
-    """The tiny random-weight fp32 model for ``arch``, weights drawn from ``seed``; a prefill-only
-    dt clamp is lifted unless ``keep_dt_clamp`` (else decode and re-prefill disagree)."""
+    """The tiny fp32 model for ``arch`` from ``seed`` (prefill-only dt clamp lifted)."""
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging

@@ -28,8 +28,7 @@ def _call(model, cache, tokens: list[int], start: int) -> torch.Tensor:
 
 @torch.no_grad()
 def segmented_prefill(model, arch, cache, tokens, start, split_points, on_split):
-    """Prefill ``tokens[start:]`` in segments ending at each split point, calling
-    ``on_split(position, cache)`` after each; returns the last input token's logits."""
+    """Prefill ``tokens[start:]`` in segments, ``on_split(position, cache)`` after each."""
     bounds = sorted({p for p in split_points if start < p < len(tokens)}) + [len(tokens)]
     logits, pos = None, start
     for end in bounds:
@@ -42,8 +41,7 @@ def segmented_prefill(model, arch, cache, tokens, start, split_points, on_split)
 
 @torch.no_grad()
 def greedy_decode(model, arch, cache, first_logits, start, n_tokens):
-    """Greedy continuation of ``n_tokens`` tokens: (tokens, each step's logits); the last token
-    is not fed back, so the cache then holds ``start + n_tokens - 1`` positions."""
+    """Greedy continuation of ``n_tokens`` tokens: (tokens, each step's logits)."""
     out, step_logits = [], [first_logits]
     for i in range(n_tokens):
         tok = int(torch.argmax(step_logits[-1]))

@@ -110,8 +110,7 @@ def make_cache(spec, capacity_bytes=None):
 def run_arch(arch: Arch, seed: int = 0, ssm_offset: int = 0, n_decode: int = N_DECODE,
              tolerance: float = TOLERANCE, crosscheck: bool = True,
              keep_dt_clamp: bool = False, capacity_bytes: int | None = None) -> ArchResult:
-    """Serve the request sequence through the cache on ``arch`` and compare with uncached, on
-    one CPU thread; ``capacity_bytes`` bounds the tree (the oracle no longer predicts hits)."""
+    """Serve the request sequence on ``arch`` and compare with uncached (one thread)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -68,8 +68,7 @@ def load_ssd_minimal():
 
 @contextlib.contextmanager
 def record_scan_inputs(model, modeling_module: str):
-    """Yield a dict layer_idx -> the chunk-scan arguments of every Mamba2 layer of ``model``
-    during the block (the layer from a forward pre-hook on each mixer with ``A_log``)."""
+    """Yield layer_idx -> the chunk-scan arguments of each Mamba2 layer of ``model``."""
     mod = importlib.import_module(modeling_module)
     original = mod.mamba2_chunk_scan
     signature = inspect.signature(original)

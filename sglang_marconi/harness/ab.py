@@ -34,8 +34,7 @@ CACHES = {
 
 
 class OwnAccessClock:
-    """One cache's copy of SGLang's process-global access-time counter, entered around each of
-    its turns when caches run side by side, so its recency values are those of a run alone."""
+    """One cache's copy of SGLang's process-global access-time counter."""
 
     def __init__(self):
         self.value = access_clock._LAST_ACCESS_TIME_COUNTER_FLOAT

@@ -15,8 +15,7 @@ def quantile(xs, q: float) -> float:
 
 
 class GCPauses:
-    """The collector's pauses while installed: count, longest, total (a timed call subtracts its
-    change); ``freeze=True`` freezes what is alive now for the duration."""
+    """The collector's pauses while installed (count, longest, total); ``freeze`` option."""
 
     def __init__(self, freeze: bool = True):
         self.count = 0
@@ -57,8 +56,7 @@ class GCPauses:
 
 
 class CallTimer:
-    """Wraps the cache methods the scheduler calls (``CALLS``) and keeps each outermost call's
-    wall time, less the collector's pauses with ``gc_pauses``: ``max`` is the longest."""
+    """Times each outermost call of the cache methods in ``CALLS``: ``max`` is the longest."""
 
     CALLS = ("match_prefix", "lock", "unlock", "checkpoint", "evict", "evict_for_alloc",
              "free_kv_row", "on_release")

@@ -10,9 +10,7 @@ __all__ = ["PRESETS", "HybridModelSpec", "dtype_bytes", "preset_spec", "resolve_
 
 
 def resolve_model(preset=None, config=None, dtype=None, **server) -> HybridModelSpec:
-    """The spec a CLI's ``--model PRESET`` / ``--config PATH`` pair names; ``server``: the
-    server flags ``spec_from_hf_config`` takes (``kv_cache_dtype``, ``mamba_ssm_dtype``,
-    ``tp_size``)."""
+    """The spec a CLI's ``--model`` / ``--config`` names, with the server flags."""
     if bool(preset) == bool(config):
         raise UserError("give exactly one of --model PRESET or --config PATH")
     if config:

@@ -190,8 +190,7 @@ def _granite_moe_hybrid(r):
 
 
 def _kimi_linear(r):
-    """Kimi-Linear: KDA or MLA full attention, then a dense MLP (the first
-    ``first_k_dense_replace`` layers) or MoE; SGLang's ``linear_attn_config`` or transformers'."""
+    """Kimi-Linear: KDA or MLA full attention, then a dense MLP or MoE."""
     cfg, hidden = r.cfg, r.int("hidden_size")
     lin = getattr(cfg, "linear_attn_config", None)
     if lin:
@@ -354,18 +353,14 @@ SGLANG_REFUSED = {
 
 
 def _config_dtype(cfg) -> str:
-    """The dtype SGLang serves a config in with ``--dtype auto`` (``model_config.py``
-    ``_get_and_verify_dtype``): the config's, float32 when it names none, and float32
-    served as float16."""
+    """The dtype SGLang serves a config in with ``--dtype auto`` (float32 as float16)."""
     value = str(getattr(cfg, "dtype", None) or "float32").replace("torch.", "")
     return "float16" if value in ("float32", "float") else value
 
 
 def spec_from_hf_config(cfg, name=None, dtype=None, *, kv_cache_dtype=None,
                         mamba_ssm_dtype=None, tp_size=1, env=None) -> HybridModelSpec:
-    """The spec of ``cfg`` as a server with these flags holds it (``--dtype``,
-    ``--kv-cache-dtype``, ``--mamba-ssm-dtype``, ``--tp-size``; ``env`` defaults to the
-    process environment, which SGLang reads too)."""
+    """The spec of ``cfg`` as a server with these flags holds it."""
     model_type = getattr(cfg, "model_type", None)
     if model_type in MULTIMODAL_WRAPPERS:
         cfg = cfg.text_config

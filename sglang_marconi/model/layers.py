@@ -11,8 +11,7 @@ from sglang_marconi.errors import UserError
 
 @dataclass(frozen=True)
 class AttentionLayer:
-    """Full softmax attention with GQA (``q_factor`` 2: gated attention; ``in_dim``: the Q/K/V
-    input width). KV bytes are one rank's (``get_num_kv_heads``); FLOPs the whole model's."""
+    """Full softmax attention with GQA (KV bytes one rank's, FLOPs the whole model's)."""
 
     hidden: int
     num_heads: int
@@ -104,8 +103,7 @@ class SSMLayer:
 
 @dataclass(frozen=True)
 class MLPLayer:
-    """Dense MLP or MoE, counting only what runs for a token (``active_experts`` routed, the
-    shared experts, the router, a dense part); ``gated``: three matrices; ``latent``: NemotronH."""
+    """Dense MLP or MoE, counting only what runs for a token."""
 
     hidden: int
     dense_size: int = 0
@@ -150,8 +148,7 @@ def _groups(n_groups: int, tp: int) -> int:
 
 def mamba2_layer(hidden, d_inner, nheads, d_state, n_groups, d_conv, state_bytes, conv_bytes,
                  tp=1) -> SSMLayer:
-    """A Mamba2 mixer (in_proj, conv1d, SSD scan ~6 FLOPs per state element, out_proj); state as
-    one rank holds it (``Mamba2StateShape.create``)."""
+    """A Mamba2 mixer (SSD scan ~6 FLOPs per state element); one rank's state."""
     conv_dim = d_inner + 2 * n_groups * d_state
     proj = 2 * hidden * (2 * d_inner + 2 * n_groups * d_state + nheads) + 2 * d_inner * hidden
     proj += 2 * conv_dim * d_conv
@@ -165,9 +162,7 @@ def mamba2_layer(hidden, d_inner, nheads, d_state, n_groups, d_conv, state_bytes
 
 def mamba1_layer(hidden, d_inner, d_state, d_conv, dt_rank, state_bytes, conv_bytes,
                  tp=1) -> SSMLayer:
-    """A Mamba1 mixer: in_proj (x, z), conv1d, x_proj (dt, B, C), dt_proj, selective
-    scan (~9 FLOPs per state element), out_proj. State: SGLang's full-rank layout
-    (``create_full_rank``): (d_inner/tp, d_state) temporal, d_inner/tp conv channels."""
+    """A Mamba1 mixer (selective scan ~9 FLOPs per state element); full-rank state."""
     proj = (2 * hidden * 2 * d_inner + 2 * d_inner * (dt_rank + 2 * d_state)
             + 2 * dt_rank * d_inner + 2 * d_inner * hidden + 2 * d_inner * d_conv)
     rank_inner = _split(d_inner, tp, "SSM channels")
@@ -179,8 +174,7 @@ def mamba1_layer(hidden, d_inner, d_state, d_conv, dt_rank, state_bytes, conv_by
 
 def gdn_layer(hidden, num_k_heads, num_v_heads, head_k_dim, head_v_dim, d_conv, state_bytes,
               conv_bytes, tp=1) -> SSMLayer:
-    """A gated delta net (Qwen3-Next / Qwen3.5): projections, conv1d, the delta rule (~8 FLOPs
-    per state element), out_proj; state in SGLang's Mamba2 shape, key heads as groups."""
+    """A gated delta net (Qwen3-Next / Qwen3.5); state in SGLang's Mamba2 shape."""
     key_dim = num_k_heads * head_k_dim
     value_dim = num_v_heads * head_v_dim
     conv_dim = 2 * key_dim + value_dim
@@ -197,8 +191,7 @@ def gdn_layer(hidden, num_k_heads, num_v_heads, head_k_dim, head_v_dim, d_conv, 
 
 
 def kda_layer(hidden, num_heads, head_dim, d_conv, state_bytes, conv_bytes, tp=1) -> SSMLayer:
-    """Kimi Delta Attention: projections, a short conv over q, k, v, the delta rule with a
-    per-channel decay (~8 FLOPs per state element); state as ``KimiLinearStateShape``."""
+    """Kimi Delta Attention (~8 FLOPs per state element); ``KimiLinearStateShape``."""
     proj_dim = num_heads * head_dim
     proj = (2 * hidden * 3 * proj_dim  # q, k, v
             + 2 * hidden * head_dim + 2 * head_dim * proj_dim  # low-rank decay gate f
@@ -214,9 +207,7 @@ def kda_layer(hidden, num_heads, head_dim, d_conv, state_bytes, conv_bytes, tp=1
 
 
 def short_conv_layer(hidden, d_conv, conv_bytes, tp=1) -> SSMLayer:
-    """LFM2's gated short convolution: in_proj to B, C, x (3 x hidden), a depthwise conv of
-    width ``d_conv`` over B*x, C gating, out_proj. State: only the conv window, (hidden/tp,
-    d_conv - 1) (SGLang's ``Lfm2Config.mamba2_cache_params``: state size 0)."""
+    """LFM2's gated short convolution: only a conv window of state."""
     proj = 2 * hidden * 3 * hidden + 2 * hidden * d_conv + 2 * hidden * hidden
     return SSMLayer("short_conv", temporal_elems=0,
                     conv_elems=_split(hidden, tp, "conv channels") * (d_conv - 1),

@@ -13,8 +13,7 @@ PAPER_N = 128
 
 
 def paper_7b(dtype: str | None = None) -> HybridModelSpec:
-    """The paper's model: attention 8LD^2 + 4L^2D, MLP 16LD^2, Mamba 12LD^2 + 16LDN + 10LD;
-    state per Mamba layer D*N + (2D + 2N)*4 elements (conv window of 4), fp16."""
+    """The paper's model and FLOP formulas exactly (fp16, conv window of 4)."""
     dtype = dtype or "float16"
     b = dtype_bytes(dtype)
     D, N = PAPER_D, PAPER_N

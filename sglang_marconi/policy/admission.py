@@ -24,8 +24,7 @@ def cached_length(input_len: int, output_len: int, grid: int = 1) -> int:
 
 def branch_checkpoint(input_len: int, hit_len: int, branch_len: int | None, grid: int = 1,
                       max_states: int = 2) -> int:
-    """The mid-prompt position to checkpoint during this prefill (0: none): the branch point
-    rounded down to the grid, when it lies beyond the hit and inside the input."""
+    """The mid-prompt position to checkpoint now (0: none): the branch point on the grid."""
     if grid < 1:
         raise ValueError(f"checkpoint grid must be >= 1, got {grid}")
     branch = _floor(branch_len, grid) if branch_len else 0

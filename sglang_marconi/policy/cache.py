@@ -175,8 +175,7 @@ class PrefixCache:
                                 self.max_states)
 
     def _end_position(self, plan: RequestPlan, full_len: int, adm) -> int:
-        """Where the end-of-request state is, or would be had the cap not given its slot to the
-        branch point (0: none); the ghost index marks it and ``end_usefulness`` counts it."""
+        """Where the end-of-request state is or would be (0: none)."""
         if self.admission != "marconi":
             return adm.cached_len
         n = len(plan.input_tokens)
@@ -223,8 +222,7 @@ class PrefixCache:
         return out
 
     def _insert_first_fitting(self, plan: RequestPlan, full: np.ndarray, attempts) -> dict:
-        """Insert the first of ``attempts`` (state positions, the preferred first) that fits
-        once room is made; {position: node} of its states ({} when none fits: rejected)."""
+        """Insert the first of ``attempts`` that fits once room is made ({}: none)."""
         out: dict = {}
         for i, positions in enumerate(attempts):
             seq = full[:positions[-1]]

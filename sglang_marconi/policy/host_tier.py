@@ -36,23 +36,20 @@ def host_hit_value(spec: CostModel, link: HostLink, depth: int, ancestor_depth: 
 
 def demoted_efficiency(link: HostLink, efficiency: float, freed_bytes: float,
                        state_bytes: float, weight: float = 1.0) -> float:
-    """The device worth per freed byte of a node whose KV is also on the host: the smaller of
-    ``efficiency`` and its load-back cost once demoted (in FLOPs per byte), times ``weight``."""
+    """A demoted node's device worth per byte: min(``efficiency``, its load cost)."""
     if freed_bytes <= 0 or not efficiency:
         return efficiency
     return min(efficiency, link.load_flops(freed_bytes + state_bytes) / freed_bytes * weight)
 
 
 def tail_counts_toward_backup(write_back: bool, backup_threshold: int) -> bool:
-    """Whether the host tier backs a node up only on a later insert (threshold above 1, not
-    write_back): then an end state marconi+ would refuse is admitted."""
+    """Whether the host backs a node up only on a later insert (then a tail is admitted)."""
     return not write_back and backup_threshold > 1
 
 
 def host_efficiency(spec: CostModel, link: HostLink, tree: TreeAdapter, node, own_tokens: int,
                     held_bytes: float, weight: Optional[Callable] = None) -> float:
-    """The host worth of ``node`` per host byte: FLOPs a hit saves over its nearest ancestor with
-    a state (either tier) less its load, times ``weight(node)``; 0 without a state at its end."""
+    """The host worth of ``node`` per host byte (0 without a state at its end)."""
     if held_bytes <= 0 or not tree.has_state(node):
         return 0.0
     load = own_tokens * spec.kv_bytes_per_token + spec.ssm_state_bytes
@@ -85,9 +82,7 @@ class HostClock:
 
 
 class HostRanking:
-    """Keys of host victims, lowest first: ``gdsf`` L (``clock.base(node, recency(node))``)
-    + efficiency; ``marconi`` the paper's utility with min-max bounds over the candidates
-    of ``heap`` (recency alone at alpha 0)."""
+    """Keys of host victims, lowest first (``gdsf`` aged or the paper's utility)."""
 
     def __init__(self, mode: str, efficiency: Callable, recency: Callable,
                  alpha: float = 0.0, clock: Optional[HostClock] = None):

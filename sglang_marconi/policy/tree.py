@@ -86,8 +86,7 @@ class RadixTree:
 
     # ---- lookup ---------------------------------------------------------------------------
     def match(self, tokens, limit: int | None = None) -> Match:
-        """Walk ``tokens`` down the tree. ``hit_len`` is capped at ``limit`` tokens (an engine
-        must compute at least one token to get logits); ``kv_len``/``branch_len`` are not."""
+        """Walk ``tokens`` down the tree (``hit_len`` capped at ``limit``)."""
         tokens = as_tokens(tokens)
         limit = len(tokens) if limit is None else limit
         node, pos = self.root, 0
@@ -206,8 +205,7 @@ class RadixTree:
         return True
 
     def insert(self, tokens, state_positions, now: float) -> tuple[dict, int]:
-        """Insert ``tokens`` with states at ``state_positions`` (ascending): ({position: node}, new
-        states); the caller makes room first (``bytes_to_insert``)."""
+        """Insert ``tokens`` with states at ``state_positions``: ({position: node}, new)."""
         tokens = as_tokens(tokens)
         wanted = sorted(set(int(p) for p in state_positions))
         node, pos = self.root, 0
@@ -273,9 +271,7 @@ class RadixTree:
 
     # ---- eviction ---------------------------------------------------------------------------
     def evict_one(self) -> tuple[str, Node] | None:
-        """Evict the lowest-utility candidate. Returns (action, node) with action "delete"
-        (leaf: state + own KV freed) or "drop_state" (one child: state freed, edge merged),
-        or None when nothing is evictable."""
+        """Evict the lowest-utility candidate: ("delete" | "drop_state", node) or None."""
         node = self.queue.pop_victim()
         if node is None:
             return None

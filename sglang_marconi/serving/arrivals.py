@@ -13,8 +13,7 @@ def decode_batch(requests, max_running_requests: int, kv_tokens: int) -> int:
 
 
 def offered_seconds(requests, time_model, batch: int, chunk: int = 8192) -> float:
-    """GPU seconds of every request with no hit: prefill from 0 (FLOPs + one step overhead
-    per chunk) and each output token's share of a decode step of ``batch`` sequences."""
+    """GPU seconds of every request with no hit (prefill from 0 and decode shares)."""
     seconds = 0.0
     overhead = time_model.gpu.step_overhead_s
     for r in requests:

@@ -108,8 +108,7 @@ class Cluster:
 
 
 def cluster_arrivals(setup, requests, replicas: int, load, rate_scale):
-    """``--load`` is the cluster's: a replica's no-hit busy time (prefill and decode, as
-    ``serving.arrivals`` counts it for one server) over ``replicas`` x the span."""
+    """``--load`` is the cluster's: a replica's no-hit busy time over replicas x span."""
     if rate_scale is not None:
         return arrivals_scaled(setup.timestamps, rate_scale)
     batch = decode_batch(requests, setup.sched.max_running_requests, setup.pools.kv_tokens)

@@ -27,9 +27,7 @@ class GpuTimeModel:
         return self.spec.prefill_flops(end) - self.spec.prefill_flops(start)
 
     def prefill_seconds(self, flops: float, load_s: float = 0.0) -> float:
-        """An extend step; ``load_s``: its host -> device load-back (HiCache), which runs
-        beside the forward, layer by layer (docs/serving.md, "Host tier"): the step takes
-        the longer of the two."""
+        """An extend step: the longer of its forward and its host load-back ``load_s``."""
         return max(flops / self.prefill_flops_s, load_s) + self.gpu.step_overhead_s
 
     def load_seconds(self, nbytes: float) -> float:

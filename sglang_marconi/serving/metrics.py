@@ -104,8 +104,7 @@ def summarize(sched, spec, cache: str, load, wall_s: float) -> dict:
 
 
 def host_stats(sched, spec) -> dict:
-    """With a host tier: ``host_hit_tokens``, ``ab``'s ``host`` section, the clock's load-back
-    seconds, the device's evictions and host-loading requests' TTFT ({} without)."""
+    """With a host tier: its hits, ``ab``'s ``host`` section, load-back time ({} without)."""
     if sched.host is None:
         return {}
     recs = [r for r in sched.records.values() if r.hit_len is not None]
@@ -130,9 +129,7 @@ def ttfts(sched) -> list:
 
 
 def bookkeeping_ratios(runs) -> list:
-    """Each cache's total bookkeeping over stock's (the compiled tree core, SGLang's
-    default) and over stock-python's (stock's policy on the python tree core every custom
-    component runs on), per load (or rate scale), where those runs are present."""
+    """Each cache's total bookkeeping over stock's and stock-python's, per load."""
     by_point: dict = {}
     for r in runs:
         by_point.setdefault(r.get("load", r.get("rate_scale")), {})[r["cache"]] = r

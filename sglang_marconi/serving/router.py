@@ -22,8 +22,7 @@ def text_for_input_ids(input_ids: Sequence[int]) -> str:
 
 
 def tokens_within_chars(input_ids: Sequence[int], chars: int) -> int:
-    """How many leading tokens of ``input_ids`` lie wholly inside the first ``chars``
-    characters of ``text_for_input_ids(input_ids)`` (the router's belief, in tokens)."""
+    """Leading tokens of ``input_ids`` wholly inside the first ``chars`` characters."""
     count, end = 0, 0
     for token in input_ids:
         end += len(str(int(token)))
@@ -165,8 +164,7 @@ class RandomRouter:
 
 
 class DataParallelRoundRobin(RoundRobinRouter):
-    """SGLang 0.5.23's ``--dp-size N``: the ``DataParallelController``'s default round robin
-    (``data_parallel_controller.py`` 880-899); each rank its own scheduler, pools and cache."""
+    """SGLang 0.5.23's ``--dp-size N`` default round robin over DP ranks."""
 
     name = "dp_round_robin"
 

@@ -35,8 +35,7 @@ class ServeSetup:
 
 def pool_config(sizes, max_context_len: int, chunked_prefill_size: int = 8192,
                 mamba_track_interval: int = 256, overlap: bool = True) -> PoolConfig:
-    """The CPU pools for SGLang's ``PoolSizes`` (unified: the buffer is ``ServeSetup.unified``);
-    ``overlap`` sizes a request's ping-pong track buffer (2 slots, 1 without)."""
+    """The CPU pools for SGLang's ``PoolSizes`` (``overlap``: the track buffer's slots)."""
     return PoolConfig(kv_tokens=sizes.kv_tokens, mamba_slots=sizes.mamba_slots,
                       page_size=sizes.page_size, max_context_len=max_context_len,
                       max_running_requests=sizes.max_running_requests,
@@ -168,8 +167,7 @@ def run_grid(requests, setup: ServeSetup, caches, loads, rate_scale=None,
 
 def run_cluster_grid(requests, setup: ServeSetup, replicas: int, routers, caches, loads,
                      rate_scale=None, router_options=None, show_progress: bool = True) -> list:
-    """Every router x cache at every load (or ``rate_scale``) on ``replicas`` replicas;
-    ``router_options``: router name -> its keyword options."""
+    """Every router x cache at every load (or ``rate_scale``) on ``replicas`` replicas."""
     runs = []
     points = [(None, rate_scale)] if rate_scale is not None else [(x, None) for x in loads]
     for load, scale in points:

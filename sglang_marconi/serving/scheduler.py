@@ -64,8 +64,7 @@ class SchedulerConfig:
 
 @contextlib.contextmanager
 def _unpinned_host_memory():
-    """CPU-only torch cannot pin host memory, which SGLang's decode preparation asks for a
-    staging tensor: the tensor is used unpinned (the CPU stand-in for a CUDA host)."""
+    """CPU-only torch cannot pin host memory: staging tensors are used unpinned."""
     pin = torch.Tensor.pin_memory
     torch.Tensor.pin_memory = lambda t, *a, **k: t
     try:
@@ -172,8 +171,7 @@ class ServingScheduler:
                     or (self.last_batch is not None and not self.last_batch.is_empty()))
 
     def step(self) -> None:
-        """One loop iteration. An SGLang allocation failure (the scheduler process of a
-        real server exits on it) is recorded in ``crash`` and raised as ``ServerCrash``."""
+        """One loop iteration; an SGLang allocation failure raises ``ServerCrash``."""
         if self.crash is not None:
             raise ServerCrash(self.crash)
         try:
@@ -272,8 +270,7 @@ class ServingScheduler:
             self.after_step(self)
 
     def submit(self, arrival: float, rr) -> None:
-        """Add one request arriving at ``arrival`` (no earlier than any pending one): a
-        router hands requests over one by one (``serving.cluster``)."""
+        """Add one request arriving at ``arrival`` (no earlier than any pending)."""
         if self.pending and arrival < self.pending[0][0]:
             raise ValueError(f"{rr.rid} arrives at {arrival}, before a pending request")
         self.pending.insert(0, (arrival, rr))
@@ -283,8 +280,7 @@ class ServingScheduler:
         return self.ingested - self.completed
 
     def run(self, progress=None) -> None:
-        """Steps until every request is done, or until SGLang crashes the server
-        (``crash`` says how; the requests left are neither finished nor aborted)."""
+        """Steps until every request is done, or SGLang crashes the server."""
         reported = 0
         with self.gc:
             while not self.done():
@@ -549,8 +545,7 @@ class ServingScheduler:
 
     # -- run_batch: the GPU time model ---------------------------------------------------
     def _load_bytes(self) -> float:
-        """Bytes the controller queued host -> device since the last call (KV tokens and
-        states in the model's sizes, as ``ab``'s host section counts them)."""
+        """Bytes the controller queued host -> device since the last call."""
         if self.host is None:
             return 0.0
         now = (self.host.kv_tokens_loaded, self.host.states_loaded)
@@ -569,9 +564,7 @@ class ServingScheduler:
 
     # -- process_batch_result (scheduler.py:5074-5100) -----------------------------------
     def _process_batch_result(self, batch) -> None:
-        """The cache's lines of ``process_batch_result_prefill`` (brp 281-450) and
-        ``process_batch_result_decode`` (brp 952-1100) for a batch as it was launched (under
-        overlap the queued ``batch.copy()``, processed one step later)."""
+        """The cache's lines of ``process_batch_result_prefill`` / ``_decode`` (brp)."""
         decode = batch.forward_mode.is_decode()
         for i, req in enumerate(batch.reqs):
             if decode:
@@ -604,8 +597,7 @@ class ServingScheduler:
                 checkpoint_kv_cache(req, self.cache)         # prefill 384-386
 
     def _track_decode_state(self, batch, i: int, req) -> None:
-        """brp 1376-1427 and ``_mamba_prefix_cache_update`` (1527-1580), no speculative decoding;
-        ``lookahead`` 1 when the next decode batch was prepared before this result (overlap)."""
+        """brp 1376-1427 and ``_mamba_prefix_cache_update`` (1527-1580)."""
         if batch.mamba_track_mask_cpu is None or req.kv.mamba_ping_pong_track_buffer is None:
             return                                           # no extra_buffer
         completed = bool(batch.mamba_track_mask_cpu[i])

@@ -20,8 +20,7 @@ class AdmissionPlans(SnapshotAdmission):
         self._matched_node = None  # set by the MAMBA component during a match walk
 
     def on_match(self, req, result, ghost=None) -> None:
-        """A request matched (possibly again, while it waits): plan its branch state.
-        ``ghost`` (marconi+): the ghost index's answer for its input (``GhostAnswer``)."""
+        """A request matched (maybe again): plan its branch state."""
         hit = result.device_prefix_len
         # without the extra buffer no prefill snapshots a branch: the plan has none
         branch_len = result.mamba_branching_seqlen if self.extra_buffer else None
@@ -57,16 +56,13 @@ class AdmissionPlans(SnapshotAdmission):
         return adm
 
     def admit_intermediate(self, req, position: int) -> bool:
-        """A snapshot SGLang inserts during the prefill (``policy.snapshot_admission``); the
-        last prefill chunk of a request that decodes is published now
-        (``checkpoint_kv_cache`` after every unfinished prefill), not only at finish."""
+        """A snapshot SGLang inserts during the prefill (``policy.snapshot_admission``)."""
         input_len = len(req.origin_input_ids)
         return self.offer_intermediate(self._admission(req), position,
                                        req.extend_end >= input_len, input_len)
 
     def admit_final(self, req, position: int) -> bool:
-        """The finished request's state, which SGLang inserts at ``position`` (the last
-        snapshot under extra_buffer, the KV length without it)."""
+        """The finished request's state, which SGLang inserts at ``position``."""
         return self.offer_final(self._admission(req), position, len(req.origin_input_ids))
 
     def snapshot_rejected(self) -> None:

@@ -12,9 +12,7 @@ logger = logging.getLogger("sglang_marconi.cache")
 
 
 def model_spec(model_config, server_args=None):
-    """The cost model (``HybridModelSpec``) of the served model, from its HF config and the
-    server's ``--kv-cache-dtype`` / ``--tp-size`` (``--mamba-ssm-dtype`` reaches it as
-    ``SGLANG_MAMBA_SSM_DTYPE``, which SGLang sets from the flag)."""
+    """The served model's cost model, from its HF config and the server's flags."""
     from sglang_marconi.model import spec_from_hf_config
 
     hf = getattr(model_config, "hf_text_config", None) or model_config.hf_config
@@ -32,8 +30,7 @@ def model_spec(model_config, server_args=None):
 
 
 def marconi_cache_factory(ctx, settings: MarconiSettings | None = None):
-    """Build ``MarconiUnifiedRadixCache`` the way SGLang builds its default hybrid cache;
-    ``settings`` default to ``SGLANG_MARCONI_SETTINGS`` (exported by the launcher)."""
+    """``MarconiUnifiedRadixCache``, built the way SGLang builds its hybrid cache."""
     from sglang.srt.mem_cache.registry import (create_unified_radix_cache,
                                                default_radix_cache_factory)
     from sglang.srt.runtime_context import get_memory, get_server_args
@@ -67,9 +64,7 @@ def marconi_cache_factory(ctx, settings: MarconiSettings | None = None):
 
 
 def native_cache_factory(ctx, memory):
-    """Entry point for SGLang patched with ``patches/sglang-0.5.23-cache-policy.patch``:
-    the settings come from its native fields (``memory`` namespace), one per flag of
-    ``MarconiSettings`` (``options.flag_fields``), the rest internal defaults."""
+    """Entry point for SGLang patched with ``patches/sglang-0.5.23-cache-policy.patch``."""
     from sglang_marconi.sglang_integration.options import DEPRECATED_POLICIES, flag_fields
 
     policy = getattr(memory, "cache_policy", "marconi")

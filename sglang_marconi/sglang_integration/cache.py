@@ -23,14 +23,12 @@ logger = logging.getLogger("sglang_marconi.cache")
 
 
 def checkpoint_pool(params):
-    """SGLang's int8 checkpoint pool (``--enable-int8-mamba-checkpoint``), or None: where
-    the cached states live when it is on (stock and Marconi alike)."""
+    """SGLang's int8 checkpoint pool, or None: where cached states live when on."""
     return getattr(params.req_to_token_pool, "mamba_ckpt_pool", None)
 
 
 def _spec_in_pool_bytes(spec, params):
-    """``spec`` with the bytes the server's pools hold (logged; a disagreement with the
-    cost model is a warning, and the pools' bytes are what the policy uses)."""
+    """``spec`` with the bytes the server's pools hold (a disagreement is logged)."""
     ckpt = checkpoint_pool(params)
     state = (pool_bytes.checkpoint_bytes_per_slot(ckpt) if ckpt is not None
              else pool_bytes.state_bytes_per_slot(params.req_to_token_pool.mamba_pool))
@@ -110,8 +108,7 @@ class MarconiUnifiedRadixCache(UnifiedRadixCache):
             self.components[ct].track(node)
 
     def rekey_chains(self, is_chain) -> None:
-        """Re-key the chain nodes both victim queues hold (a FULL queue leaf is a chain
-        node when its one child lives on the host tier only)."""
+        """Re-key the chain nodes both victim queues hold."""
         for ct in (ComponentType.MAMBA, ComponentType.FULL):
             comp = self.components[ct]
             if comp.queue is None:
@@ -157,9 +154,7 @@ class MarconiUnifiedRadixCache(UnifiedRadixCache):
         return result
 
     def _extends_kv_leaf(self, result) -> bool:
-        """The KV match ends exactly at the end of a childless node without a state (a
-        KV-only leaf that eviction left behind): the request extends it, nothing branches.
-        A partial edge match splits the node, so its end then has a child."""
+        """The KV match ends exactly at a childless, stateless node's end."""
         node_id = result.last_visited_node_id
         if node_id is None:
             return False

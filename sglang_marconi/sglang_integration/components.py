@@ -53,8 +53,7 @@ def token_depth(node) -> int:
 
 
 def cached_state_depth(tree, node) -> int:
-    """``ranking.nearest_state_depth`` of ``node``, kept on the node (device states); every change
-    that can move it runs ``rekey_state_change``, which forgets the answers it changes."""
+    """``ranking.nearest_state_depth`` of ``node``, kept on it until a state moves."""
     d = getattr(node, STATE_DEPTH, None)
     if d is None:
         d = nearest_state_depth(tree, node)
@@ -63,8 +62,7 @@ def cached_state_depth(tree, node) -> int:
 
 
 def cached_flops_saved(spec, node) -> float:
-    """FLOPs a hit at ``node`` saves over its nearest checkpointed ancestor, kept on the node and
-    forgotten with its state depth."""
+    """FLOPs a hit at ``node`` saves over its nearest state, kept on the node."""
     f = getattr(node, SAVED, None)
     if f is None:
         f = spec.flops_saved(token_depth(node), cached_state_depth(SGLANG_TREE, node))
@@ -107,14 +105,12 @@ _node_id = attrgetter("id")
 
 
 def by_id(nodes) -> list:
-    """``nodes`` (a set) in creation order: SGLang numbers tree nodes as it creates them,
-    the same on every TP rank, where a set's order follows object addresses."""
+    """``nodes`` in creation order (the same on every TP rank, unlike a set's)."""
     return sorted(nodes, key=_node_id)
 
 
 def rekey_state_change(cache, node) -> None:
-    """``node`` gained or lost its state: re-key it in the FULL queue and the states whose
-    nearest checkpointed ancestor it now is or was (``ranking.states_below``, both queues)."""
+    """``node`` gained or lost its state: re-key it and the states below it."""
     mamba, full = cache.components[MAMBA], cache.components[FULL]
     forget_state_depth(node)
     full.track(node)
@@ -169,8 +165,7 @@ class _ScoredQueue:
     host_clock = None
 
     def _host_ranking(self, efficiency):
-        """``policy.host_tier.HostRanking`` of this component's host victims, or None to
-        keep SGLang's host LRU (``MarconiPolicyState.host_mode``)."""
+        """The ``HostRanking`` of this component's host victims, or None for SGLang's LRU."""
         policy = self.cache.marconi
         mode = policy.host_mode
         if mode is None:
@@ -303,8 +298,7 @@ class MarconiMambaComponent(_ScoredQueue, MambaComponent):
         return cd.value is not None and cd.lock_ref == 0
 
     def _needs_state_backup(self, x) -> bool:
-        """HiCache write_back: an internal state with no host copy is backed up before it
-        is dropped (SGLang's ``InternalStateBackup``, ``mamba.py`` 423-434)."""
+        """write_back: an internal state without a host copy is backed up first."""
         return (self.tree_core.enable_hicache and self.tree_core.is_write_back
                 and x.component_data[MAMBA].host_value is None and not x.backuped
                 and x.component_data[FULL].value is not None)
@@ -352,8 +346,7 @@ class MarconiMambaComponent(_ScoredQueue, MambaComponent):
 
     # -- HiCache: host states ranked by the two-tier rule -----------------------------------
     def _host_candidates(self) -> list:
-        """The states SGLang's MAMBA host walk may take: its host LRU list (host-only
-        states), host-unlocked."""
+        """The host-unlocked states of SGLang's MAMBA host LRU list."""
         lru = self.tree_core.host_lru_lists[MAMBA]
         out, x = [], lru.get_lru_no_host_lock()
         while x is not None:
@@ -442,8 +435,7 @@ class MarconiFullComponent(_ScoredQueue, FullComponent):
             self.queue.discard(node)
 
     def children_changed(self, node) -> None:
-        """On a change of children (and every lock and unlock along a path): re-key a state only
-        when marconi+'s weight by its children moved since it was keyed."""
+        """Re-key a state when marconi+'s weight by its children moved."""
         policy = self.cache.marconi
         if not policy.ranking.weighs_nodes or not has_state(node):
             return
@@ -455,8 +447,7 @@ class MarconiFullComponent(_ScoredQueue, FullComponent):
         mamba.track(node)
 
     def _resync(self) -> None:
-        """Leaves matched since they were keyed get their current time (efficiencies are
-        kept current by the hooks)."""
+        """Leaves matched since they were keyed get their current time."""
         queue = self.queue
         # in node-id order, never the set's (object-address) order: a key pushed gets the
         # next sequence number, which breaks ties, and every TP rank must break them alike
@@ -527,8 +518,7 @@ class MarconiFullComponent(_ScoredQueue, FullComponent):
 
     def drive_host_eviction(self, num_tokens, tracker, device_frees, host_frees,
                             cache_actions) -> None:
-        """SGLang's FULL host walk (host leaves, lowest key first, a parent that becomes a
-        host leaf joins) with the two-tier rule's keys instead of LRU."""
+        """SGLang's FULL host walk with the two-tier rule's keys instead of LRU."""
         ranking = (None if self.cache.enable_session_radix_cache
                    else self._host_ranking(self.cache.marconi.host_kv_efficiency))
         if ranking is None:

@@ -90,8 +90,7 @@ def _setting(default, check, help, flag=None, metavar=None, choices=None):
 
 @dataclass(frozen=True)
 class MarconiSettings:
-    """What the Marconi cache needs beyond SGLang's own arguments: one field a setting,
-    each with its check and help; the fields with a flag are the launcher's."""
+    """What the Marconi cache needs beyond SGLang's arguments, one field a setting."""
 
     alpha: Optional[float] = _setting(
         None, _alpha, flag="--marconi-alpha", metavar="A",
@@ -166,8 +165,7 @@ def flag_fields():
 
 
 def check_host_tier(args) -> None:
-    """``--enable-hierarchical-cache`` works with every write policy, except over the unified
-    buffer (no host tier in the joint walk) and with buffer_only host memory."""
+    """HiCache works with every write policy, but not unified or buffer_only."""
     if getattr(args, "enable_unified_memory", False):
         raise ValueError("--cache-policy marconi: --enable-hierarchical-cache with "
                          "--enable-unified-memory is not supported (drop one of them)")
@@ -188,8 +186,7 @@ def _arg_type(f):
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
-    """Add ``--cache-policy`` and the settings' flags (defaults None, so 'given' can be
-    told from 'default')."""
+    """Add ``--cache-policy`` and the settings' flags (defaults None: 'given' is told)."""
     if any("--cache-policy" in a.option_strings for a in parser._actions):
         return  # already added (the hook may run twice on one parser)
     group = parser.add_argument_group("Marconi prefix caching (sglang-marconi)")
@@ -218,8 +215,7 @@ def settings_given(args) -> dict:
 
 
 def settings_from_namespace(args) -> Optional[MarconiSettings]:
-    """The settings a parsed namespace asks for (None when the policy is not marconi); ValueError
-    for flags that conflict with ``--cache-policy marconi`` or need it."""
+    """The settings a namespace asks for (None: not marconi); ValueError on conflicts."""
     policy = getattr(args, "cache_policy", None) or "lru"
     if policy in DEPRECATED_POLICIES:
         logger.warning("--cache-policy %s is deprecated: it is now --cache-policy %s",

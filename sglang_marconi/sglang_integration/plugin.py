@@ -49,8 +49,7 @@ def _before_check_server_args(server_args, *args, **kwargs):
 
 
 class _BuiltInCacheView:
-    """``server_args`` as SGLang's int8-checkpoint check reads it, the ``marconi`` backend seen as
-    the built-in cache (whose MAMBA component's int8 store, load and free it inherits)."""
+    """``server_args`` with the ``marconi`` backend seen as the built-in cache."""
 
     def __init__(self, server_args):
         self._server_args = server_args

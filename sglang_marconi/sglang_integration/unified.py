@@ -23,8 +23,7 @@ _first = itemgetter(0)
 
 
 def droppable_inner_state(node) -> bool:
-    """A node the joint walk may drop the state of without evicting its KV: it holds an
-    unlocked state and is not the root."""
+    """A node holding an unlocked state, not the root: its state may be dropped."""
     cd = node.component_data[MAMBA]
     return cd.value is not None and cd.lock_ref == 0 and node.parent is not None
 
@@ -36,8 +35,7 @@ def is_unified(params) -> bool:
 
 
 class JointMambaComponent(MarconiMambaComponent):
-    """Records SGLang's access counter at each match, to read KV leaves' recency on the
-    request clock."""
+    """Records SGLang's access counter at each match (KV leaves' recency)."""
 
     def refresh_lru(self, phase, node, root_node) -> None:
         if phase == LRURefreshPhase.MATCH_END:
@@ -49,8 +47,7 @@ class JointMambaComponent(MarconiMambaComponent):
 
 
 def joint_recency(cache, node) -> float:
-    """A candidate's recency on the request clock: a state's stamp; a KV-only node's last
-    access, read through the counters ``JointMambaComponent`` records."""
+    """A candidate's recency on the request clock."""
     return state_recency(node) if has_state(node) else kv_recency(cache.joint_clocks, node)
 
 
@@ -70,9 +67,7 @@ def joint_efficiency(cache, node, leaf: bool) -> float:
 
 
 def joint_rows(cache, bases: dict) -> list:
-    """(node, ``joint_recency``, ``joint_efficiency``, aging base) of the joint walk's valid
-    candidates among ``bases`` (node -> aging base), oldest first (stable). The same floats as
-    those two functions, with what is common read once and the per-candidate rules inlined."""
+    """(node, recency, efficiency, aging base) of the joint walk's candidates, oldest first."""
     policy = cache.marconi
     spec = policy.spec
     kv_bytes, state_bytes = spec.kv_bytes_per_token, spec.ssm_state_bytes
@@ -140,8 +135,7 @@ class JointWalk:
                             self.queue.clock if base is None else base)
 
     def next_node(self, full, tracker, device_frees, host_frees, cache_actions):
-        """One victim: a leaf's id (the cache evicts it, state and all), or None after
-        dropping an inner state here (as the MAMBA walk does)."""
+        """One victim leaf's id, or None after dropping an inner state here."""
         while True:
             x = self.queue.pop_victim()
             if x is None:
@@ -198,8 +192,7 @@ def _add(result: EvictResult, more: EvictResult) -> None:
 
 
 def joint_evict_for_alloc(cache, params, stock, allocation_reclaim_satisfied=None):
-    """``evict_for_alloc`` with one ranking over KV leaves and states (see module doc);
-    ``stock`` is SGLang's method, taken for LRU (alpha 0) and the quota form."""
+    """``evict_for_alloc`` with one ranking over KV leaves and states."""
     if (takes_stock_walk(cache.marconi) or allocation_reclaim_satisfied is not None
             or cache.disable):
         return stock(params, allocation_reclaim_satisfied=allocation_reclaim_satisfied)

@@ -181,8 +181,7 @@ def gen_fork_join(p: ForkJoinParams, seed: int = 0) -> Trace:
 
 
 def gen_drift(p: DriftParams, seed: int = 0) -> Trace:
-    """Chat, then agent sessions, then chat again; ``phase`` of each request is recorded in
-    its session id prefix (chat1-, agent-, chat2-)."""
+    """Chat, then agent sessions, then chat again (session ids chat1-, agent-, chat2-)."""
     tok = _Tokens()
     a = gen_chat(ChatParams(sessions=p.chat_sessions, session_rate=p.session_rate), seed, tok,
                  0.0, "chat1")
@@ -217,8 +216,7 @@ class AlphaShiftParams:
 
 
 def gen_alpha_shift(p: AlphaShiftParams, seed: int = 0) -> Trace:
-    """Scan, steady, scan; each request's session id starts with its phase (``scan-``,
-    ``steady-``)."""
+    """Scan, steady, scan; each session id starts with its phase."""
     for name in ("hot_share", "doc_share"):
         if not 0 < getattr(p, name) <= 1:
             raise UserError(f"workload parameter {name!r} must be in (0, 1], "

@@ -116,9 +116,7 @@ def _online(p: PolicySpec) -> dict:
 
 
 def ghost_budget(ghost: float, spec, cap) -> int | None:
-    """Tokens the ghost index remembers: ``ghost`` times the KV tokens the capacity holds
-    (for a model without attention layers, whose KV is free: ``ghost`` x the states it holds
-    x 4096 tokens)."""
+    """Tokens the ghost index remembers: ``ghost`` x the KV tokens the capacity holds."""
     if not cap or not ghost:
         return None
     per_token = spec.kv_bytes_per_token or spec.ssm_state_bytes / 4096

@@ -114,8 +114,7 @@ def simulate(trace, spec, capacity, policies, grid: int = 1, latency: LatencyMod
 
 
 def add_ceiling_fractions(results: dict) -> None:
-    """Express every policy's savings as a fraction of the ``infinite`` ceiling and of the
-    ``offline`` reference, when those ran."""
+    """Every policy's savings as fractions of ``infinite``'s and ``offline``'s."""
     for ref in ("infinite", "offline"):
         ceiling = results.get(ref)
         if not ceiling:
