@@ -73,10 +73,9 @@ def _falcon_h1():
 def _bamba():
     from transformers import BambaConfig
 
-    return BambaConfig(
-        **_COMMON, num_hidden_layers=4, attn_layer_indices=[1, 3], mamba_n_heads=4,
-        mamba_d_head=32, mamba_d_state=16, mamba_n_groups=1, mamba_d_conv=4, mamba_chunk_size=8,
-    )
+    return BambaConfig(**_COMMON, num_hidden_layers=4, attn_layer_indices=[1, 3], mamba_n_heads=4,
+                       mamba_d_head=32, mamba_d_state=16, mamba_n_groups=1, mamba_d_conv=4,
+                       mamba_chunk_size=8)
 
 
 def _zamba2():
@@ -93,11 +92,9 @@ def _zamba2():
 def _jamba():
     from transformers import JambaConfig
 
-    return JambaConfig(
-        **_COMMON, num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1,
-        expert_layer_period=2, expert_layer_offset=1, num_experts=2, mamba_d_state=8,
-        mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=8,
-    )
+    return JambaConfig(**_COMMON, num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1,
+                       expert_layer_period=2, expert_layer_offset=1, num_experts=2,
+                       mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=8)
 
 
 ARCHS: dict[str, Arch] = {

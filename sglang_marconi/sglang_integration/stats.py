@@ -39,23 +39,16 @@ class MarconiStats:
         return self.hit_tokens / self.input_tokens if self.input_tokens else 0.0
 
     def as_dict(self) -> dict:
-        return {
-            "requests": self.requests,
-            "input_tokens": self.input_tokens,
-            "hit_tokens": self.hit_tokens,
-            "lost_reuse_tokens": self.lost_reuse_tokens,
-            "token_hit_rate": self.token_hit_rate,
-            "flops_saved": self.flops_saved,
-            "prefill_flops": self.prefill_flops,
-            "alpha": self.alpha,
-            "states_admitted": {r: self.admitted[r] for r in ADMIT_REASONS},
-            "states_rejected": self.rejected,
-            "end_states_skipped": self.end_states_skipped,
-            "states_evicted": {r: self.evicted[r] for r in EVICT_REASONS},
-            "ranking": self.ranking,
-            "host_evicted": {t: self.host_evicted[t] for t in ("full", "mamba")},
-            "bookkeeping_seconds": self.bookkeeping_seconds,
-        }
+        return {"requests": self.requests, "input_tokens": self.input_tokens,
+                "hit_tokens": self.hit_tokens, "lost_reuse_tokens": self.lost_reuse_tokens,
+                "token_hit_rate": self.token_hit_rate, "flops_saved": self.flops_saved,
+                "prefill_flops": self.prefill_flops, "alpha": self.alpha,
+                "states_admitted": {r: self.admitted[r] for r in ADMIT_REASONS},
+                "states_rejected": self.rejected, "end_states_skipped": self.end_states_skipped,
+                "states_evicted": {r: self.evicted[r] for r in EVICT_REASONS},
+                "ranking": self.ranking,
+                "host_evicted": {t: self.host_evicted[t] for t in ("full", "mamba")},
+                "bookkeeping_seconds": self.bookkeeping_seconds}
 
     def summary_line(self) -> str:
         adm = ", ".join(f"{r}={self.admitted[r]}" for r in ADMIT_REASONS)
