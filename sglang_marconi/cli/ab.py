@@ -157,9 +157,8 @@ def format_table(results: dict) -> str:
             host = m.get("host_evicted", {})
             ranked = (f"; host victims by the two-tier rule: KV leaves {host['full']}, "
                       f"states {host['mamba']}" if "host" in c and host else "")
-            lines.append(f"{n}: {policy}; admitted "
-                         f"{adm}; rejected {m['states_rejected']}{skipped}; evicted {ev}"
-                         f"{ranked}")
+            lines.append(f"{n}: {policy}; admitted {adm}; rejected "
+                         f"{m['states_rejected']}{skipped}; evicted {ev}{ranked}")
     return "\n".join(lines)
 
 

@@ -153,8 +153,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--router-balance-rel-threshold", type=float, default=1.5,
                    help="... and max exceeds this times min")
     r.add_argument("--router-eviction-interval-secs", type=int, default=60,
-                   help="cache_aware: trim the tree every this many virtual seconds (0: "
-                        "never)")
+                   help="cache_aware: trim the tree every this many virtual seconds (0: never)")
     r.add_argument("--router-max-tree-size", type=_positive, default=1 << 26,
                    help="cache_aware: characters kept per replica at each trim")
     parser.add_argument("--limit", type=_positive, default=None, help="only the first N requests")
@@ -165,11 +164,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "nothing (off: deterministic)")
     add_marconi_arguments(parser)
     parser.add_argument("--interleave", action="store_true",
-                        help="run the caches of each load side by side, one scheduler "
-                             "step each in turn, instead of one after the other: the same "
-                             "decisions, and bookkeeping ratios that a shared machine's "
-                             "drifting speed does not skew (one server only; every "
-                             "cache in memory at once)")
+                        help="run the caches of each load side by side, one scheduler step each "
+                             "in turn, instead of one after the other: the same decisions, and "
+                             "bookkeeping ratios that a shared machine's drifting speed does not "
+                             "skew (one server only; every cache in memory at once)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--plot", metavar="PNG", help="TTFT CDFs and P95 TTFT vs load")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -355,9 +353,8 @@ def _run_cluster(args, requests, setup, sizes, caches, loads, routers, options, 
         json.dump({"runs": runs, "config": config}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print(f"serve-sim {args.trace}: {len(requests)} requests, {args.replicas} replicas "
-              f"of {sizes.describe()}; model {setup.spec.name}; "
-              f"{setup.time_model.describe()}")
+        print(f"serve-sim {args.trace}: {len(requests)} requests, {args.replicas} replicas of "
+              f"{sizes.describe()}; model {setup.spec.name}; {setup.time_model.describe()}")
         print(format_table(runs, CLUSTER_COLUMNS))
         print(describe_model(setup.spec))
     report_crashes(runs)

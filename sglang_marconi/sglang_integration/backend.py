@@ -39,9 +39,8 @@ def marconi_cache_factory(ctx, settings: MarconiSettings | None = None):
 
     if not ctx.is_hybrid_ssm:
         arch = getattr(ctx.model_config.hf_config, "architectures", None) or ["this model"]
-        raise ValueError(f"--cache-policy marconi needs a hybrid attention+SSM model; "
-                         f"{arch[0]} has no SSM/linear-attention layers "
-                         "(use --cache-policy lru)")
+        raise ValueError(f"--cache-policy marconi needs a hybrid attention+SSM model; {arch[0]} "
+                         "has no SSM/linear-attention layers (use --cache-policy lru)")
     if ctx.is_hybrid_swa:
         raise ValueError("--cache-policy marconi does not support sliding-window hybrids")
     if ctx.disable_radix_cache:

@@ -110,9 +110,8 @@ class MarconiSettings:
              "SGLang's host LRU.")
     renormalise_limit: int = _setting(
         defaults.RENORMALISE_LIMIT, _limit,
-        help="With an alpha: refresh the min-max bounds over every candidate at each "
-             "eviction walk while a queue holds at most this many (-1: always); above it, "
-             "amortised.")
+        help="With an alpha: refresh the min-max bounds over every candidate at each eviction "
+             "walk while a queue holds at most this many (-1: always); above it, amortised.")
     ghost_factor: float = _setting(
         defaults.GHOST_FACTOR, _non_negative,
         help="Without an alpha: the ghost index remembers this many times the KV pool's "
@@ -230,8 +229,7 @@ def settings_from_namespace(args) -> Optional[MarconiSettings]:
         if backend != BACKEND_NAME:
             return None
     if backend not in (None, BACKEND_NAME):
-        raise ValueError(f"--cache-policy marconi conflicts with --radix-cache-backend "
-                         f"{backend}")
+        raise ValueError(f"--cache-policy marconi conflicts with --radix-cache-backend {backend}")
     for dest, reason in _CONFLICTS.items():
         if getattr(args, dest, False):
             raise ValueError(f"--cache-policy marconi: {reason}")
@@ -247,10 +245,9 @@ def settings_from_namespace(args) -> Optional[MarconiSettings]:
                          "Marconi cache; NGRAM, which drafts without a model, has); use NGRAM, "
                          "drop it or use --cache-policy lru")
     if getattr(args, "mamba_radix_cache_strategy", None) == "extra_buffer_lazy":
-        raise ValueError("--cache-policy marconi: --mamba-radix-cache-strategy "
-                         "extra_buffer_lazy is not supported yet (its lazily allocated track "
-                         "slots have not run under the Marconi cache's admission); use "
-                         "extra_buffer")
+        raise ValueError("--cache-policy marconi: --mamba-radix-cache-strategy extra_buffer_lazy "
+                         "is not supported yet (its lazily allocated track slots have not run "
+                         "under the Marconi cache's admission); use extra_buffer")
     eviction = getattr(args, "radix_eviction_policy", "lru")
     if eviction not in (None, "lru"):
         raise ValueError("--cache-policy marconi replaces the eviction order; drop "

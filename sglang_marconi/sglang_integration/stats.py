@@ -55,12 +55,11 @@ class MarconiStats:
         ev = ", ".join(f"{r}={self.evicted[r]}" for r in EVICT_REASONS)
         policy = ("reuse-weighted" if self.ranking == "reuse-weighted"
                   else f"alpha={self.alpha:g}")
-        return (f"Marconi cache: {policy}"
-                f" requests={self.requests} token_hit_rate={self.token_hit_rate:.3f}"
-                f" lost_reuse_tokens={self.lost_reuse_tokens}"
-                f" flops_saved={self.flops_saved:.3e} states_admitted[{adm}]"
-                f" rejected={self.rejected} end_states_skipped={self.end_states_skipped}"
-                f" states_evicted[{ev}]")
+        return (f"Marconi cache: {policy} requests={self.requests} "
+                f"token_hit_rate={self.token_hit_rate:.3f} "
+                f"lost_reuse_tokens={self.lost_reuse_tokens} flops_saved={self.flops_saved:.3e} "
+                f"states_admitted[{adm}] rejected={self.rejected} "
+                f"end_states_skipped={self.end_states_skipped} states_evicted[{ev}]")
 
 
 _SERIES: dict = {}  # one set of Prometheus series per process, shared by every cache
