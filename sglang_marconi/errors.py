@@ -1,8 +1,5 @@
-"""The one exception type for bad user input (configs, traces, flags).
-
-The CLI prints it as a single ``error: ...`` line and exits with status 2; everything else
-is a bug and keeps its traceback.
-"""
+"""The one exception type for bad user input: the CLI prints it as one ``error: ...`` line and
+exits with status 2."""
 
 
 class UserError(ValueError):

@@ -1,10 +1,6 @@
 """``python -m sglang_marconi.launch_server ...``: ``sglang.launch_server`` with the Marconi
-plugin loaded, so ``--cache-policy marconi`` works even without the installed entry point.
-
-Registration runs at module top level: SGLang's scheduler processes are spawned, and a
-spawned child re-imports this module as ``__mp_main__`` (which runs top-level code, not the
-``__main__`` block), so the ``marconi`` backend is registered there too.
-"""
+plugin registered at module top level, so spawned scheduler processes (which re-import it as
+``__mp_main__``) have the ``marconi`` backend too."""
 import os
 import sys
 

@@ -1,8 +1,5 @@
-"""The one sglang release this integration is written against, and the import-time check.
-
-SGLang's cache API changes in almost every 0.5.x release, so the integration pins one
-version exactly; any other installed version fails with a one-line error naming it.
-"""
+"""The one sglang release this integration is written against (SGLang's cache API changes in
+almost every release), and the import-time check with a one-line error."""
 from __future__ import annotations
 
 from importlib import metadata

@@ -382,7 +382,8 @@ def _decode_args(inp: dict, tokens) -> dict:
 
 
 def test_mamba2_decode_matches_selective_state_update_ref_and_skips_padded_rows():
-    ref = ssd_reference_module.load_selective_state_update_ref()
+    ref = ssd_reference_module._load_reference_file(  # one recurrent step, pure PyTorch
+        "mamba_ssm", "ops/triton/selective_state_update.py").selective_state_update_ref
     inp = _mamba_inputs(3, 23)
     pool = torch.randn(5, MH, MP, MN, generator=_gen(24))
     before = pool.clone()
@@ -405,7 +406,9 @@ def test_causal_conv_matches_causal_conv1d_references():
     ``causal_conv1d_fn(_triton)`` / ``causal_conv1d_update(_triton)`` are bound to) against
     causal-conv1d's ``causal_conv1d_ref`` (initial and final states) and
     ``causal_conv1d_update_ref``."""
-    conv_ref, update_ref = ssd_reference_module.load_causal_conv1d_refs()
+    module = ssd_reference_module._load_reference_file("causal_conv1d",
+                                                       "causal_conv1d_interface.py")
+    conv_ref, update_ref = module.causal_conv1d_ref, module.causal_conv1d_update_ref
     bound = m2.MODULE_BINDINGS[m2._MIXER]
     x, weight, bias = _conv_inputs(13, 25)
     states = torch.randn(4, DIM, WIDTH - 1, generator=_gen(26))

@@ -190,7 +190,7 @@ def test_cli_negative_control_exits_1(capsys):
 def test_live_int8_summary_line(capsys):
     """``verify-exact --live`` ends each model's int8 scenario with one PASS / FAIL line of
     its figures (``exact_live.run_int8``'s result)."""
-    from sglang_marconi.cli.verify_exact import print_int8
+    from live.exact_report import print_int8
 
     res = {"configs": {"extra_buffer-marconi-int8": {
                "problems": [], "audit": {"equal": 9, "failed": 0}, "max_rel": 3.1e-4}},
@@ -214,7 +214,7 @@ def test_live_spec_summary_line(capsys):
     per-request comparisons."""
     from types import SimpleNamespace
 
-    from sglang_marconi.cli.verify_exact import print_spec
+    from live.exact_report import print_spec
 
     live = SimpleNamespace(SPEC="extra_buffer_ngram", config_id="-".join,
                            identical_tokens=lambda reqs: (sum(r["positions"] for r in reqs),

@@ -12,10 +12,11 @@ from sglang_marconi.model import preset_spec
 from sglang_marconi.policy.defaults import NO_CAP
 from sglang_marconi.policy.host_tier import (HostClock, HostLink, HostRanking,
                                              demoted_efficiency, host_efficiency,
-                                             host_hit_value, tail_counts_toward_backup)
+                                             host_hit_value, host_link_preset,
+                                             tail_counts_toward_backup)
 from sglang_marconi.policy.likelihood import EndStateUsefulness
 from sglang_marconi.policy.snapshot_admission import SnapshotAdmission, new_plan
-from sglang_marconi.serving.gpu_model import PRESETS, host_link_preset
+from sglang_marconi.serving.gpu_model import PRESETS
 
 SPEC = preset_spec("paper-7b")
 LINK = HostLink(bytes_s=64e9, prefill_flops_s=445e12)

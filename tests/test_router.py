@@ -22,6 +22,18 @@ from sglang_marconi.serving.router_tree import CharTree, shared_prefix_len
 W = ["http://w0", "http://w1", "http://w2"]
 
 
+def used_size_per_tenant(tree: CharTree) -> dict:
+    """``get_used_size_per_tenant`` (tree.rs 905-929): recount by walking the tree."""
+    sizes: dict = {}
+    stack = [tree.root]
+    while stack:
+        node = stack.pop()
+        for tenant in node.tenant_epoch:
+            sizes[tenant] = sizes.get(tenant, 0) + len(node.text)
+        stack.extend(node.children.values())
+    return sizes
+
+
 def test_shared_prefix_len():
     assert shared_prefix_len("hello", "help") == 3
     assert shared_prefix_len("abc", "abc") == 3
@@ -43,9 +55,9 @@ def test_simple_eviction_as_in_tree_rs():
     tree.insert("hello", "tenant1")
     tree.insert("hello", "tenant2")
     tree.insert("world", "tenant2")
-    assert tree.used_size_per_tenant() == {"tenant1": 5, "tenant2": 10}
+    assert used_size_per_tenant(tree) == {"tenant1": 5, "tenant2": 10}
     tree.evict_tenant_by_size(5)
-    assert tree.used_size_per_tenant() == {"tenant1": 5, "tenant2": 5}
+    assert used_size_per_tenant(tree) == {"tenant1": 5, "tenant2": 5}
     match = tree.prefix_match("world")
     assert (match.matched_chars, match.tenant) == (5, "tenant2")
     assert tree.tenant_char_count == {"tenant1": 5, "tenant2": 5}
@@ -60,7 +72,7 @@ def test_advanced_eviction_as_in_tree_rs():
             suffix = "".join(rng.choice("abcdefghij") for _ in range(10))
             tree.insert(prefix + suffix, f"tenant{j + 1}")
     tree.evict_tenant_by_size(100)
-    sizes = tree.used_size_per_tenant()
+    sizes = used_size_per_tenant(tree)
     assert sizes and all(size <= 100 for size in sizes.values())
     assert sizes == tree.tenant_char_count
 
@@ -75,7 +87,7 @@ def test_split_and_subset_prefixes():
     assert tree.tenant_char_count == {"t1": 11, "t2": 5}
     tree.insert("help", "t2")              # split "hello" at 3
     assert tree.root.children["h"].text == "hel"
-    assert tree.used_size_per_tenant() == tree.tenant_char_count == {"t1": 11, "t2": 6}
+    assert used_size_per_tenant(tree) == tree.tenant_char_count == {"t1": 11, "t2": 6}
 
 
 def test_node_tenant_is_its_creator_and_partial_match_counts():
@@ -135,10 +147,10 @@ def test_char_counts_match_a_recount(inserts, cap):
     for text, tenant in inserts:
         tree.insert(text, tenant)
         tree.prefix_match(text[:3])
-    recount = tree.used_size_per_tenant()
+    recount = used_size_per_tenant(tree)
     assert {t: tree.tenant_char_count[t] for t in recount} == recount
     tree.evict_tenant_by_size(cap)
-    recount = tree.used_size_per_tenant()
+    recount = used_size_per_tenant(tree)
     for tenant, size in tree.tenant_char_count.items():
         assert recount.get(tenant, 0) == size
         assert size <= cap or size == 0

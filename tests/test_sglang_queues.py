@@ -147,7 +147,7 @@ def test_marconi_flags():
     parser = argparse.ArgumentParser()
     add_cli_args(parser)
     s = settings_from_namespace(parser.parse_args(["--cache-policy", "marconi"]))
-    assert s.plus and s.alpha is None and s.ranking_alpha == 0.0
+    assert s.plus and s.alpha is None
     assert MarconiSettings.from_env(s.to_env()).plus
     s = settings_from_namespace(parser.parse_args(
         ["--cache-policy", "marconi+", "--marconi-max-states-per-request", "2"]))

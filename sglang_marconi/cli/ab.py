@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from sglang_marconi.cli.common import (add_cache_dtype_arguments, describe_model,
+from sglang_marconi.cli.common import (add_trace_model_arguments, describe_model,
                                         run_with_sglang, server_model_kwargs)
 from sglang_marconi.cli.host_flags import (add_host_arguments, host_enabled, host_summary,
                                            resolve_host)
@@ -58,11 +58,7 @@ HOST_ROWS = (  # with a host tier (--hicache-*): the "host" section
 
 _positive = positive_int
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--trace", required=True, help="Mooncake or session JSONL trace")
-    model = parser.add_mutually_exclusive_group(required=True)
-    model.add_argument("--model", metavar="PRESET", help="model preset (cost model)")
-    model.add_argument("--config", metavar="PATH", help="HF config.json (cost model)")
-    add_cache_dtype_arguments(parser.add_argument_group("bytes per KV token and per state"))
+    add_trace_model_arguments(parser)
     parser.add_argument("--limit", type=_positive, default=None,
                         help="replay only the first N requests")
     add_replay_arguments(parser)
@@ -71,8 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
-    """The replay's flags (``ab``, ``sim``): pools, SGLang's scheduler settings, the caches
-    and the Marconi cache's settings, the host tier."""
+    """The replay's flags (``ab``, ``sim``): pools, scheduler, caches, Marconi, host tier."""
     add_pool_arguments(parser)
     parser.add_argument("--page-size", type=_positive, default=64)
     parser.add_argument("--chunked-prefill-size", type=_positive, default=8192)
@@ -162,9 +157,8 @@ def format_table(results: dict) -> str:
             host = m.get("host_evicted", {})
             ranked = (f"; host victims by the two-tier rule: KV leaves {host['full']}, "
                       f"states {host['mamba']}" if "host" in c and host else "")
-            lines.append(f"{n}: {policy}; admitted "
-                         f"{adm}; rejected {m['states_rejected']}{skipped}; evicted {ev}"
-                         f"{ranked}")
+            lines.append(f"{n}: {policy}; admitted {adm}; rejected "
+                         f"{m['states_rejected']}{skipped}; evicted {ev}{ranked}")
     return "\n".join(lines)
 
 
@@ -194,9 +188,8 @@ def run_replay(args, spec, trace, label: str, settings=None) -> int:
         raise UserError(f"{label}: no requests")
     kv_tokens, mamba_slots, sizes, unified = resolve_pools(args, spec)
     max_len = _check_pools(args, requests, kv_tokens, mamba_slots)
-    pools = PoolConfig(kv_tokens=kv_tokens, mamba_slots=mamba_slots,
-                       page_size=args.page_size, max_context_len=max_len,
-                       chunked_prefill_size=args.chunked_prefill_size,
+    pools = PoolConfig(kv_tokens=kv_tokens, mamba_slots=mamba_slots, page_size=args.page_size,
+                       max_context_len=max_len, chunked_prefill_size=args.chunked_prefill_size,
                        mamba_track_interval=args.mamba_track_interval,
                        extra_buffer=args.mamba_radix_cache_strategy == "extra_buffer",
                        overlap_schedule=not args.disable_overlap_schedule,
@@ -218,8 +211,7 @@ def run_replay(args, spec, trace, label: str, settings=None) -> int:
                          "mamba_track_interval": args.mamba_track_interval,
                          "mamba_radix_cache_strategy": args.mamba_radix_cache_strategy,
                          "loop": "normal" if args.disable_overlap_schedule else "overlap",
-                         **int8_summary(spec, pools),
-                         "marconi_alpha": settings.alpha,
+                         **int8_summary(spec, pools), "marconi_alpha": settings.alpha,
                          "marconi_max_states_per_request": settings.max_states_per_request,
                          **host_summary(args, spec, pools)}
     if args.json:

@@ -41,13 +41,22 @@ def human_flops(f: float) -> str:
     return f"{f:,.0f} FLOP"
 
 
-def add_model_arguments(parser, required: bool = True) -> None:
+def add_model_arguments(parser) -> None:
     g = parser.add_argument_group("model")
     g.add_argument("--model", "--preset", dest="preset", metavar="PRESET",
                    help="a named preset (see `model-info --list`), e.g. paper-7b")
     g.add_argument("--config", metavar="PATH", help="a Hugging Face config.json (or its folder)")
     g.add_argument("--dtype", help="the model's dtype, as SGLang's flag (default: the config's)")
     add_cache_dtype_arguments(g)
+
+
+def add_trace_model_arguments(parser) -> None:
+    """``ab``'s and ``serve-sim``'s trace and cost-model flags."""
+    parser.add_argument("--trace", required=True, help="Mooncake or session JSONL trace")
+    model = parser.add_mutually_exclusive_group(required=True)
+    model.add_argument("--model", metavar="PRESET", help="model preset (cost model)")
+    model.add_argument("--config", metavar="PATH", help="HF config.json (cost model)")
+    add_cache_dtype_arguments(parser.add_argument_group("bytes per KV token and per state"))
 
 
 def add_cache_dtype_arguments(group) -> None:
@@ -100,8 +109,7 @@ def print_json(obj) -> None:
 
 
 def run_with_sglang(fn, args) -> int:
-    """``fn(args)`` after checking the SGLang pin, with the UserWarnings sglang's imports
-    print about CUDA-only kernels on a CPU machine silenced (not news here)."""
+    """``fn(args)`` after the SGLang pin check, sglang's CUDA-only UserWarnings silenced."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=UserWarning, module=r"sglang\.")
         try:

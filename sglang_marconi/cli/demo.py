@@ -1,8 +1,5 @@
-"""``demo``: what ``make demo`` runs: the A/B of stock SGLang's hybrid radix cache against
-``MarconiUnifiedRadixCache`` (``marconi``: what ``--cache-policy marconi`` runs;
-``marconi-paper``: the paper's alpha ranking and admission, at most 2 states per request)
-on the bundled default (the shared Mooncake trace, Qwen3-Next's cost model, a 1.5M-token KV pool
-and 200 SSM-state slots, or ``--cache-gb N --memory static|unified``), printed side by side."""
+"""``demo`` (what ``make demo`` runs): ``ab`` of stock SGLang's hybrid radix cache against the
+Marconi cache on the bundled default trace, model and pools."""
 from __future__ import annotations
 
 from pathlib import Path

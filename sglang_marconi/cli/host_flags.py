@@ -1,13 +1,5 @@
-"""The host-tier flags of ``ab``, under SGLang's own names (``--enable-hierarchical-cache``
-is implied by any of them): ``--hicache-size GB`` or ``--hicache-ratio R``,
-``--hicache-write-policy``, ``--hicache-storage-backend file``.
-
-The replay's tensors are tiny (slot counts matter, not bytes), so the host pools are sized
-from the model's real bytes: SGLang splits ``--hicache-size`` between the KV and the Mamba
-host pools in proportion to the device pools' bytes (``hybrid_pool_assembler.py``
-``_split_hicache_size``, 239-254, used at 1318-1322), so each host pool holds
-``size / device bytes`` times its device pool's slots: that ratio is what the CPU stack
-is given (``PoolConfig.hicache_ratio``)."""
+"""The host-tier flags of ``ab`` under SGLang's names (any implies HiCache); the host pools get
+SGLang's split of ``--hicache-size`` in real bytes as a host/device slot ratio."""
 from __future__ import annotations
 
 from sglang_marconi.cli.pool_flags import _positive_float
@@ -40,9 +32,7 @@ def host_enabled(args) -> bool:
 
 
 def host_ratio(args, spec, kv_tokens: int, mamba_slots: int) -> float:
-    """Host slots per device slot, the same for both pools: from ``--hicache-size`` (SGLang's
-    proportional split, ``hybrid_pool_assembler.py`` ``_split_hicache_size``) when given,
-    else ``--hicache-ratio`` (SGLang's default when neither)."""
+    """Host slots per device slot: from ``--hicache-size``, else ``--hicache-ratio``."""
     if args.hicache_size is None:
         return args.hicache_ratio or DEFAULT_HICACHE_RATIO
     return ratio_for_size(args.hicache_size, spec, kv_tokens, mamba_slots)
@@ -55,10 +45,7 @@ def ratio_for_size(size_gb: float, spec, kv_tokens: int, mamba_slots: int) -> fl
 
 
 def host_pool_slots(ratio: float, kv_tokens: int, state_slots: int, page: int) -> tuple:
-    """(KV token slots, state slots) of the host pools SGLang builds for ``ratio`` host
-    slots per device slot (``pool_host/base.py`` 226-229, ``pool_host/mamba.py`` 171-174):
-    ``int(device slots x ratio)`` floored to its page, plus one page (KV: ``page`` tokens;
-    states: one slot)."""
+    """(KV token, state) slots of SGLang's host pools for ``ratio``, plus one page each."""
     return (int(kv_tokens * ratio) // page + 1) * page, int(state_slots * ratio) + 1
 
 
@@ -74,8 +61,7 @@ def resolve_host(args, spec, kv_tokens: int, mamba_slots: int, unified) -> dict:
 
 
 def host_summary(args, spec, pools) -> dict:
-    """The host tier in ``ab --json``'s config: the host pools as SGLang builds them
-    (``host_pool_slots``)."""
+    """The host tier in ``ab --json``'s config: the host pools as SGLang builds them."""
     if pools.hicache_write_policy is None:
         return {}
     kv_host, states_host = host_pool_slots(pools.hicache_ratio, pools.kv_tokens,

@@ -1,9 +1,5 @@
-"""Command-line front end: ``python -m sglang_marconi <command>`` / ``sglang-marconi``.
-
-Each command lives in its own module, which exposes ``add_arguments(parser)`` and
-``run(args) -> int``; this file only maps command names to those modules (imported lazily,
-so ``model-info`` does not pay for importing torch or sglang).
-"""
+"""Command-line front end (``python -m sglang_marconi <command>``): maps command names to their
+modules (``add_arguments``, ``run``), imported lazily."""
 from __future__ import annotations
 
 import argparse
@@ -26,16 +22,11 @@ COMMANDS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="sglang-marconi",
-        description="Marconi prefix caching for hybrid (attention + SSM) LLMs in SGLang.",
-    )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
-    for name, (module, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        p.set_defaults(_module=module)
-        # Arguments are added lazily only for the chosen command (see main).
+    parser = argparse.ArgumentParser(prog="sglang-marconi", description="Marconi prefix caching "
+                                     "for hybrid (attention + SSM) LLMs in SGLang.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (_, help_text) in COMMANDS.items():  # arguments: only the chosen command's
+        sub.add_parser(name, help=help_text, description=help_text)
     return parser
 
 
@@ -48,9 +39,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     name = argv[0]
     module = importlib.import_module(COMMANDS[name][0])
-    cmd_parser = argparse.ArgumentParser(
-        prog=f"sglang-marconi {name}", description=COMMANDS[name][1]
-    )
+    cmd_parser = argparse.ArgumentParser(prog=f"sglang-marconi {name}",
+                                         description=COMMANDS[name][1])
     module.add_arguments(cmd_parser)
     args = cmd_parser.parse_args(argv[1:])
     try:

@@ -10,24 +10,21 @@ from sglang_marconi.driver.sizing import size_pools
 from sglang_marconi.errors import UserError
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
+def _positive(convert, what: str):
+    """An argparse type: ``convert(text)`` when it is > 0, else a one-line error."""
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not value > 0:
+            raise argparse.ArgumentTypeError(f"expected a positive {what}, got {text!r}")
+        return value
+    return parse
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+_positive_float = _positive(float, "number")
+positive_int = _positive(int, "integer")
 
 
 def add_pool_arguments(parser) -> None:
@@ -57,8 +54,7 @@ def resolve_pools(args, spec):
 
 
 def pool_sizes(args, spec):
-    """(kv_tokens, mamba_slots, PoolSizes or None) from the flags (no torch, no SGLang):
-    the explicit form, or the pools SGLang sizes from ``--cache-gb``."""
+    """(kv_tokens, mamba_slots, PoolSizes or None) from the flags (no torch, no SGLang)."""
     explicit = args.kv_tokens is not None or args.mamba_slots is not None
     if args.cache_gb is not None and explicit:
         raise UserError("--cache-gb and --kv-tokens/--mamba-slots are two forms of the pool "
@@ -76,9 +72,7 @@ def pool_sizes(args, spec):
 
 
 def check_pools_fit(args, kv_tokens: int, mamba_slots: int, longest: int, page: int) -> int:
-    """The pools must hold the longest request (its tokens and 2 pages, as SGLang checks
-    ``max_context_len``) and a running request's 3 state slots and one more; returns the
-    KV tokens needed. One-line errors that name the flag."""
+    """The KV tokens the longest request needs (and 4 state slots), else a one-line error."""
     need = longest + 2 * page
     if kv_tokens < need:
         given = ("--kv-tokens" if args.cache_gb is None
@@ -113,8 +107,7 @@ def add_int8_arguments(parser) -> None:
                              "default: 2 x the state slots)")
 
 
-# what SGLang does with --enable-int8-mamba-checkpoint beside these (for the replays, as in
-# a server)
+# what SGLang does with --enable-int8-mamba-checkpoint beside these, as in a server
 INT8_REFUSED = {
     "hicache": "--enable-int8-mamba-checkpoint is not supported together with the host tier "
                "(--hicache-*): SGLang refuses it, the host-offload path is not int8-aware "
@@ -125,8 +118,7 @@ INT8_REFUSED = {
 
 
 def int8_summary(spec, pools) -> dict:
-    """The int8 checkpoint pool in ``ab --json``'s config ({} when off), sized as SGLang
-    sizes it (``maybe_init_int8_mamba_checkpoint_pool``: 2 x the state slots by default)."""
+    """The int8 checkpoint pool in ``ab --json``'s config ({} when off), sized as SGLang's."""
     if not pools.int8_checkpoint:
         return {}
     slots = pools.int8_checkpoint_slots or 2 * pools.mamba_slots

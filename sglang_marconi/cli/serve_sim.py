@@ -15,7 +15,7 @@ from sglang_marconi.cli.ab import _caches as parse_caches
 from sglang_marconi.cli.ab import _positive
 from sglang_marconi.cli.ab import _settings as settings_from_args
 from sglang_marconi.cli.ab import add_marconi_arguments
-from sglang_marconi.cli.common import (add_cache_dtype_arguments, describe_model,
+from sglang_marconi.cli.common import (add_trace_model_arguments, describe_model,
                                         run_with_sglang, server_model_kwargs)
 from sglang_marconi.cli.host_flags import host_enabled, host_summary, resolve_host
 from sglang_marconi.cli.pool_flags import (_positive_float, add_int8_arguments, check_int8,
@@ -73,19 +73,14 @@ def _routers(text: str) -> tuple:
 
 def _loads(text: str) -> tuple:
     parts = [p.strip() for p in text.split(",") if p.strip()]
-    if not parts or not all(re.fullmatch(r"[0-9]*\.?[0-9]+", p) and float(p) > 0
-                            for p in parts):
+    if not parts or not all(re.fullmatch(r"[0-9]*\.?[0-9]+", p) and float(p) > 0 for p in parts):
         raise UserError(f"--load: expected positive numbers, comma-separated (0.8 = 80% "
                         f"of the capacity with no cache hit), got {text!r}")
     return tuple(float(p) for p in parts)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--trace", required=True, help="Mooncake or session JSONL trace")
-    model = parser.add_mutually_exclusive_group(required=True)
-    model.add_argument("--model", metavar="PRESET", help="model preset (cost model)")
-    model.add_argument("--config", metavar="PATH", help="HF config.json (cost model)")
-    add_cache_dtype_arguments(parser.add_argument_group("bytes per KV token and per state"))
+    add_trace_model_arguments(parser)
     g = parser.add_argument_group("GPU time model (uncalibrated; presets: " + "; ".join(
         f"{p.name} {p.peak_flops / 1e12:g} TFLOP/s {p.hbm_bytes_s / 1e12:g} TB/s"
         for p in PRESETS.values()) + ")")
@@ -158,12 +153,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--router-balance-rel-threshold", type=float, default=1.5,
                    help="... and max exceeds this times min")
     r.add_argument("--router-eviction-interval-secs", type=int, default=60,
-                   help="cache_aware: trim the tree every this many virtual seconds (0: "
-                        "never)")
+                   help="cache_aware: trim the tree every this many virtual seconds (0: never)")
     r.add_argument("--router-max-tree-size", type=_positive, default=1 << 26,
                    help="cache_aware: characters kept per replica at each trim")
-    parser.add_argument("--limit", type=_positive, default=None,
-                        help="only the first N requests")
+    parser.add_argument("--limit", type=_positive, default=None, help="only the first N requests")
     parser.add_argument("--bookkeeping", choices=("measured", "cpu", "off"), default="measured",
                         help="add the cache's measured time to the clock: wall time "
                              "(measured), the thread's CPU time (cpu: what a call costs "
@@ -171,11 +164,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "nothing (off: deterministic)")
     add_marconi_arguments(parser)
     parser.add_argument("--interleave", action="store_true",
-                        help="run the caches of each load side by side, one scheduler "
-                             "step each in turn, instead of one after the other: the same "
-                             "decisions, and bookkeeping ratios that a shared machine's "
-                             "drifting speed does not skew (one server only; every "
-                             "cache in memory at once)")
+                        help="run the caches of each load side by side, one scheduler step each "
+                             "in turn, instead of one after the other: the same decisions, and "
+                             "bookkeeping ratios that a shared machine's drifting speed does not "
+                             "skew (one server only; every cache in memory at once)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--plot", metavar="PNG", help="TTFT CDFs and P95 TTFT vs load")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -235,8 +227,7 @@ def build_setup(args):
                             max_prefill_tokens=args.max_prefill_tokens,
                             schedule_policy=args.schedule_policy,
                             measure_bookkeeping=args.bookkeeping != "off",
-                            bookkeeping_cpu_time=args.bookkeeping == "cpu",
-                            clients=args.clients,
+                            bookkeeping_cpu_time=args.bookkeeping == "cpu", clients=args.clients,
                             overlap=not args.disable_overlap_schedule)
     unified = None
     if sizes.mode == "unified":
@@ -296,12 +287,10 @@ def _run(args) -> int:
               "schedule_policy": args.schedule_policy, "bookkeeping": args.bookkeeping,
               "clients": args.clients, "arrivals": args.arrivals, "seed": args.seed,
               "loop": "normal" if args.disable_overlap_schedule else "overlap",
-              "interleaved": args.interleave,
-              **host_summary(args, setup.spec, setup.pools),
+              "interleaved": args.interleave, **host_summary(args, setup.spec, setup.pools),
               **int8_summary(setup.spec, setup.pools)}
     if routers is not None:
-        return _run_cluster(args, requests, setup, sizes, caches, loads, routers, options,
-                            config)
+        return _run_cluster(args, requests, setup, sizes, caches, loads, routers, options, config)
     result = run_grid(requests, setup, caches, loads, args.rate_scale,
                       show_progress=not args.no_progress, interleave=args.interleave)
     if args.plot:
@@ -354,8 +343,7 @@ def router_options(args) -> dict:
                             "max_tree_size": args.router_max_tree_size}}
 
 
-def _run_cluster(args, requests, setup, sizes, caches, loads, routers, options,
-                 config) -> int:
+def _run_cluster(args, requests, setup, sizes, caches, loads, routers, options, config) -> int:
     from sglang_marconi.serving.run import run_cluster_grid
 
     runs = run_cluster_grid(requests, setup, args.replicas, routers, caches, loads,
@@ -365,9 +353,8 @@ def _run_cluster(args, requests, setup, sizes, caches, loads, routers, options,
         json.dump({"runs": runs, "config": config}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print(f"serve-sim {args.trace}: {len(requests)} requests, {args.replicas} replicas "
-              f"of {sizes.describe()}; model {setup.spec.name}; "
-              f"{setup.time_model.describe()}")
+        print(f"serve-sim {args.trace}: {len(requests)} requests, {args.replicas} replicas of "
+              f"{sizes.describe()}; model {setup.spec.name}; {setup.time_model.describe()}")
         print(format_table(runs, CLUSTER_COLUMNS))
         print(describe_model(setup.spec))
     report_crashes(runs)

@@ -1,12 +1,5 @@
-"""``sim``: what SGLang would do on a trace, with stock's cache and with Marconi's.
-
-By default it drives SGLang's own cache objects with the scheduler's calls (what ``ab``
-runs; ``ab`` is the same command with ``--trace`` required) on pools sized like a server
-(``--cache-gb N [--memory static|unified]`` or ``--kv-tokens/--mamba-slots``), the trace a
-file or a seeded generator, ``--limit N`` for a quick look. ``--paper`` is the paper's
-idealised planning setting instead (one byte budget, ``--capacity``; the paper's
-baselines vLLM+ and SGLang+, Marconi, the offline reference: ``--policies``).
-"""
+"""``sim``: SGLang's own caches driven like ``ab`` on pools sized like a server (a trace file or
+a generator), or with ``--paper`` the paper's planning simulator (one byte budget)."""
 from __future__ import annotations
 
 import sys
@@ -33,9 +26,8 @@ PAPER_ONLY = (("policies", "--policies", None), ("capacity", "--capacity", None)
 POOL_FLAGS = (("cache_gb", "--cache-gb"), ("kv_tokens", "--kv-tokens"),
               ("mamba_slots", "--mamba-slots"), ("memory", "--memory"),
               ("mamba_full_memory_ratio", "--mamba-full-memory-ratio"))
-PAPER_DEFAULTS = {"policies": "vllm+,paper-sglang+,marconi,marconi+,infinite",
-                  "capacity": "40GB", "grid": 1, "gpu": "a100", "mfu": 0.5,
-                  "ttft_overhead": 0.02, "jobs": 1}
+PAPER_DEFAULTS = {"policies": "vllm+,paper-sglang+,marconi,marconi+,infinite", "capacity": "40GB",
+                  "grid": 1, "gpu": "a100", "mfu": 0.5, "ttft_overhead": 0.02, "jobs": 1}
 
 
 def add_arguments(parser) -> None:

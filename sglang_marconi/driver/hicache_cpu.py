@@ -1,37 +1,6 @@
-"""SGLang's HiCache on CPU: the stand-ins for its CUDA/HIP-only pieces (tests and offline
-tools only; a server on a GPU never imports this module).
-
-Stock SGLang 0.5.23 builds the host tier of a hybrid (FULL + MAMBA) tree in
-``UnifiedRadixCache.init_hicache``: ``hybrid_pool_assembler.attach_hybrid_pool_to_unified_cache``
-adds a KV host pool (``pool_host.mha.MHATokenToKVPoolHost``) and a ``pool_host.mamba.
-MambaPoolHost`` in a ``HostPoolGroup``, driven by a ``HybridCacheController`` (L1 device ->
-L2 host, optional L3 storage). All of that runs on CPU as it is (``torch.cpu`` has the
-``Event``/``Stream`` the controller records), except two things, replaced here and
-nothing else:
-
-1. the device <-> host copies: ``load_to_device_per_layer`` and
-   ``backup_from_device_all_layer`` of the two host pools call ``sgl_kernel.kvcacheio`` /
-   ``transfer_kv_mamba_*`` kernels that are imported only on CUDA/HIP
-   (``pool_host/mha.py`` 60-76, ``pool_host/mamba.py`` 31-41). ``install`` swaps them for
-   torch index copies between the same tensors (the per-layer host views SGLang itself
-   builds: ``k_data_refs`` / ``v_data_refs``; the Mamba host buffer's layer slice), and
-   keeps SGLang's own side-state copy (``MambaPoolHost._transfer_slot_states``);
-2. page-locked host memory (meaningless without a GPU): ``pool_host.common.
-   ALLOC_MEMORY_FUNCS`` registers the host buffers with ``cudaHostRegister``, so the "cpu"
-   entry allocates through the same storage allocator without registering; and the L3
-   page staging allocates ``pin_memory`` tensors (``get_dummy_flat_data_page``), so
-   ``unpin`` clears the host pools' ``pin_memory`` once they are built.
-
-``install`` is idempotent and only ever patches these four methods and one table entry;
-the L3 ``file`` backend needs no stand-in (tests point it at a temporary directory with
-``PoolConfig.hicache_storage_dir``).
-
-``host_budget`` is not a stand-in but SGLang's own ``host_memory_budget_scope``: a server
-keeps a 10 GiB host-memory reserve beside its pools (``pool_host/base.py`` 84-108), more
-than a small test machine has free, while the test pools take a few kilobytes; the scope
-books them against the machine's available memory instead; ``single_rank`` states the
-one-rank topology the L3 backend reads (no process group on CPU), as SGLang's fixtures do.
-"""
+"""SGLang's HiCache on CPU: the device <-> host copy kernels replaced by torch index copies and
+host memory left unpinned (``install``, ``unpin``), SGLang's host-memory budget scope and a
+one-rank topology; tests and offline tools only, a GPU server never imports it."""
 from __future__ import annotations
 
 from typing import Optional
@@ -90,8 +59,7 @@ def kv_backup_from_device_all_layer(self, device_pool, host_indices, device_indi
 def _mamba_layers(self):
     temporal = (self.temporal_device_layers if self.mtp_draft_buffer_infos
                 else self.buffer_info.temporal)
-    conv = (self.conv_device_layers if self.mtp_draft_buffer_infos
-            else self.buffer_info.conv)
+    conv = (self.conv_device_layers if self.mtp_draft_buffer_infos else self.buffer_info.conv)
     return temporal, conv
 
 
@@ -145,8 +113,7 @@ def unpin(cache) -> None:
 
 
 def single_rank():
-    """The L3 backend reads this process's rank; a CPU build has no process group, so
-    state the single-rank topology (as SGLang's own HiCache test fixtures do)."""
+    """State the single-rank topology the L3 backend reads (no process group on CPU)."""
     from sglang.srt.runtime_context import get_parallel  # heavy: sglang
 
     return get_parallel().override(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1)

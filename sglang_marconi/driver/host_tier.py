@@ -1,29 +1,6 @@
-"""The scheduler's HiCache calls for one request, for the replay (``replay.Replayer``).
-
-With ``--enable-hierarchical-cache`` SGLang 0.5.23's scheduler adds, around the calls the
-replay already makes:
-
-- ``PrefillAdder.add_one_req`` (``managers/schedule_policy.py`` 1470-1571): when the match
-  left a host hit (``Req.needs_host_load_back``), it pins the host match
-  (``inc_host_lock_ref`` + ``lock`` of ``best_match_node``), calls
-  ``tree_cache.init_load_back`` (which queues the host -> device copies, KV and the Mamba
-  state, and re-materialises the nodes) and adds the loaded tokens to the prefix;
-- ``get_new_batch_prefill`` (``managers/scheduler.py`` 4352-4355):
-  ``ready_to_load_host_cache()`` starts the queued loads before the batch's allocation;
-- every loop iteration (``_process_hicache_events``, scheduler.py 3878-3890):
-  ``check_hicache_events()`` acknowledges finished backups (releasing write-through locks)
-  and loads (releasing load-back locks), and drains the L3 queues;
-- with an L3 backend (``--hicache-storage-backend``), on arrival
-  (``Scheduler._prefetch_kvcache``, scheduler.py 3342-3392) a probe match and
-  ``prefetch_from_storage`` for what lies beyond the host match, and before admission
-  (``get_new_batch_prefill``, 4240-4257) ``check_prefetch_progress`` until the prefetch
-  is done (``--hicache-storage-prefetch-policy wait_complete``) and
-  ``pop_prefetch_loaded_span``: the fetched pages are then host hits of the next match.
-
-``prefetch``, ``admit``, ``start_loads`` and ``poll`` are those calls, nothing else; the
-L2 copies run synchronously on CPU (``hicache_cpu``), so one ``poll`` after a step finds
-every ack ready; the L3 backend's threads are waited for (``PREFETCH_WAIT_S`` at most).
-"""
+"""The scheduler's HiCache calls for one request, for the replay: ``prefetch`` (L3, on
+arrival), ``admit`` (the host hit's load-back), ``start_loads`` and ``poll``, nothing else;
+L2 copies run synchronously on CPU."""
 from __future__ import annotations
 
 import contextlib
@@ -78,8 +55,7 @@ def prefetch(cache, req) -> int:
 
 
 def settle(cache) -> None:
-    """Wait for the L3 backend's pending backups to be acknowledged (their host locks
-    released), as later scheduler iterations would."""
+    """Wait until the L3 backend's pending backups are acknowledged."""
     deadline = time.monotonic() + PREFETCH_WAIT_S
     while enabled(cache) and cache.ongoing_backup:
         if time.monotonic() > deadline:
@@ -89,8 +65,7 @@ def settle(cache) -> None:
 
 
 def admit(cache, req) -> int:
-    """Load the request's host hit back to the device (``PrefillAdder``); returns the
-    tokens loaded (0 when there was none or the load-back declined)."""
+    """Load the request's host hit back to the device; returns the tokens loaded."""
     from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams  # heavy: sglang
 
     if not enabled(cache) or not req.needs_host_load_back():

@@ -1,23 +1,17 @@
-"""Reuse a hybrid cache loses: the prompt tokens whose KV matched past the deepest state a
-hit can resume from (SGLang's ``MatchResult.full_kv_hit_length`` beyond the device and host
-hit), bounded by what a prefill may skip (all but the last prompt token). Counted the same
-way for stock SGLang and the Marconi cache, in ``ab``, ``serve-sim`` and the server's
-``sglang:marconi_lost_reuse_tokens``.
-"""
+"""Reuse a hybrid cache loses: the prompt tokens whose KV matched past the deepest usable state,
+counted alike for stock and Marconi in ``ab``, ``serve-sim`` and the server's metrics."""
 from __future__ import annotations
 
 
 def lost_reuse_tokens(result, input_len: int) -> int:
-    """Tokens of a prompt of ``input_len`` whose KV matched beyond the hit ``result``
-    reports (a ``MatchResult``): the KV was there, no usable state at its end."""
+    """Prompt tokens whose KV matched beyond the hit ``result`` reports."""
     matched = min(int(getattr(result, "full_kv_hit_length", 0) or 0), max(0, input_len - 1))
     hit = result.device_prefix_len + getattr(result, "host_hit_length", 0)
     return max(0, matched - hit)
 
 
 def track_lost_reuse(cache) -> dict:
-    """Wrap ``cache.match_prefix`` (the scheduler's match keeps only the hit) and return a
-    dict that every match made for a request fills: rid -> the reuse its last match lost."""
+    """Wrap ``cache.match_prefix``: rid -> the reuse its last match lost."""
     lost: dict = {}
     match = cache.match_prefix
 

@@ -1,20 +1,6 @@
-"""Real SGLang cache objects on CPU, built from SGLang's own pool classes.
-
-``build_pools`` publishes the scheduler settings the replay needs (chunk size, track
-interval, strategy, a non-triton attention backend) as SGLang's server args, then builds a
-``HybridReqToTokenPool`` with its ``MambaPool`` (one SSM layer of tiny states: the replay
-never runs a forward pass, so only slot counts matter), a ``HybridLinearKVPool`` (one
-attention layer) and the token allocator (paged when the page exceeds one token, as the
-scheduler allocates pages), as SGLang's unit-test kit does (``tests/test_pools.py``
-compares the two). The tree cache is then built on those pools with the requested class
-and tree core ("rust" = the compiled core SGLang uses by default, "python" = the reference
-core).
-
-``PoolConfig.hicache_write_policy`` adds SGLang's host tier (``--enable-hierarchical-cache``):
-``UnifiedRadixCache.init_hicache``, exactly as the registry calls it in a server, with the
-CUDA-only copy kernels replaced by ``hicache_cpu`` and, with ``hicache_storage_dir``, the L3
-``file`` backend in that directory.
-"""
+"""Real SGLang cache objects on CPU, built from SGLang's own pool classes as its unit-test kit
+does, with the requested tree class and core, and SGLang's host tier (``init_hicache``) when
+``PoolConfig.hicache_write_policy`` asks for one."""
 from __future__ import annotations
 
 import dataclasses
@@ -41,26 +27,17 @@ class PoolConfig:
     chunked_prefill_size: int = 8192
     mamba_track_interval: int = 256
     mamba_max_states_per_path: int = -1
-    # the model's mamba chunk (SGLang reads it from the HF config; the fixture's default is
-    # max(64, page)): extra_buffer snapshots land on lcm(this, page). Tests set 1 to get a
-    # one-token checkpoint grid.
+    # the model's mamba chunk: extra_buffer snapshots land on lcm(this, page) (tests: 1)
     mamba_cache_chunk_size: Optional[int] = None
-    # SGLang's host tier (--enable-hierarchical-cache) when a write policy is given:
-    # --hicache-write-policy, --hicache-ratio (host/device), --hicache-size (GB, overrides
-    # the ratio), --hicache-storage-backend file in ``hicache_storage_dir``
+    # SGLang's host tier (--enable-hierarchical-cache) when a write policy is given
     hicache_write_policy: Optional[str] = None
     hicache_ratio: float = 2.0
     hicache_size_gb: int = 0
     hicache_storage_dir: Optional[str] = None
-    # the scheduler loop the pools are built for: SGLang sizes a running request's
-    # ping-pong track buffer by it (``allocation_sizing.get_mamba_tracking_slots``: 2 slots
-    # under the overlap schedule, 1 without; ``memory_pool.HybridReqToTokenPool`` 1393-1400).
-    # None keeps each builder's own default (the test fixture's static pools: 2; the
-    # unified pools: 1), as before this option existed.
+    # the scheduler loop: a request's ping-pong track buffer has 2 slots under overlap, 1
+    # without (``get_mamba_tracking_slots``); None: each builder's default (static 2, unified 1)
     overlap_schedule: Optional[bool] = None
-    # SGLang's int8 checkpoint pool (--enable-int8-mamba-checkpoint): cached states live in
-    # a separate pool of --int8-mamba-ckpt-size slots (None: SGLang's default, 2 x
-    # mamba_slots), built by HybridReqToTokenPool from the published server args
+    # SGLang's int8 checkpoint pool (--enable-int8-mamba-checkpoint; slots None: 2 x mamba_slots)
     int8_checkpoint: bool = False
     int8_checkpoint_slots: Optional[int] = None
 
@@ -93,10 +70,7 @@ def _server_args_factory(pc: PoolConfig):
 
 
 def _allocator_factory(page_size: int):
-    from sglang.srt.mem_cache.allocator import (
-        PagedTokenToKVPoolAllocator,
-        TokenToKVPoolAllocator,
-    )
+    from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 
     def make(size, dtype, device, kvcache, need_sort):
         if page_size == 1:
@@ -120,8 +94,7 @@ def build_pools(pc: PoolConfig):
     check_sglang_version()
     import torch
 
-    # The replay never runs a forward pass; its small tensor ops are 100x slower with two
-    # contending intra-op threads once sglang is imported (measured on 2 cores).
+    # the replay's small tensor ops are much slower with contending intra-op threads
     torch.set_num_threads(1)
     from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
     from sglang.srt.environ import envs
@@ -172,16 +145,11 @@ def build_pools(pc: PoolConfig):
 
 def build_cache(pc: PoolConfig, cache_class=None, tree_core: str = "rust",
                 params_override: Optional[dict] = None):
-    """A fresh cache of ``cache_class`` (default: stock ``UnifiedRadixCache``) on new pools.
-
-    Returns (cache, allocator, req_to_token_pool). ``cache_class`` may be any callable taking
-    ``CacheInitParams`` (e.g. a ``functools.partial`` of ``MarconiUnifiedRadixCache``).
-    """
+    """A fresh ``cache_class`` cache on new pools: (cache, allocator, req_to_token_pool)."""
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
     params, allocator, req_to_token_pool = build_pools(pc)
-    params = dataclasses.replace(params, tree_core_backend=tree_core,
-                                 **(params_override or {}))
+    params = dataclasses.replace(params, tree_core_backend=tree_core, **(params_override or {}))
     cache = (cache_class or UnifiedRadixCache)(params)
     cache.cache_init_params = params
     if pc.hicache_write_policy is not None:
@@ -190,8 +158,7 @@ def build_cache(pc: PoolConfig, cache_class=None, tree_core: str = "rust",
 
 
 def attach_host_tier(cache, params) -> None:
-    """SGLang's registry step for ``--enable-hierarchical-cache`` (``registry.py``:
-    ``cache.init_hicache(server_args, params)``) on the published CPU server args."""
+    """SGLang's registry step ``cache.init_hicache(server_args, params)`` on CPU."""
     from sglang.srt.runtime_context import get_server_args  # heavy: sglang
 
     hicache_cpu.install()

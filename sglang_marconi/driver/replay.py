@@ -1,31 +1,6 @@
-"""Drive a real SGLang tree cache with the calls the scheduler makes for one request.
-
-For strictly sequential requests the scheduler does, in order (sglang 0.5.23):
-
-1. ``Req.init_next_round_input(tree_cache)``: match (key capped at input_len - 1,
-   copy-on-write of the matched state recorded on the request);
-2. ``tree_cache.lock(req.last_node)`` when the prefill is admitted;
-3. per prefill chunk: ``alloc_for_extend(batch)`` (request slots, mamba slots, KV pages,
-   evicting from the tree when short), then ``ScheduleBatch.
-   _mamba_radix_cache_v2_req_prepare_for_extend`` (extra_buffer: which position the
-   chunk snapshots: its grid-floored end, or the branch point when it falls inside);
-   after every prefill chunk of a request that is not finished (the unfinished chunks,
-   and the last one when the request goes on to decode) ``checkpoint_kv_cache(req,
-   tree_cache)``;
-4. per decode step: ``alloc_for_decode_default(batch, 1)`` (on page boundaries; inside a
-   page its effect, ``last_loc + 1``, is written directly) and, on the track-interval
-   boundary, the ping-pong bookkeeping of ``SchedulerBatchResultProcessor`` (mirrored in
-   ``_track_decode_state``: no overlap, no speculative decoding);
-5. at finish ``release_kv_cache(req, tree_cache, checkpoint=True)``; an abort calls it
-   with ``checkpoint=False``.
-
-Every step above except the in-page decode write and the five lines of decode-track
-bookkeeping is SGLang's own function; ``ReplayBatch`` is the small part of
-``ScheduleBatch`` they read. With a host tier (``--enable-hierarchical-cache``) the
-scheduler's HiCache calls come from ``host_tier``: the load-back of a host hit before the
-lock, the start of the queued loads before each prefill allocation, and the event poll of
-every scheduler iteration (before each request and after each step).
-"""
+"""Drive a real SGLang tree cache with the calls the scheduler makes for one request (match,
+lock, chunked prefill with checkpoints, decode with its track ping-pong, release), each
+SGLang's own function but the in-page decode write; HiCache calls from ``host_tier``."""
 from __future__ import annotations
 
 import time
@@ -46,8 +21,7 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang_marconi.driver import host_tier
 from sglang_marconi.driver.lost_reuse import track_lost_reuse
 
-# a decode step's bookkeeping costs about as much as this many prefill tokens (~20 us
-# against ~0.3 us a token of a prefill chunk, CPU, python tree core)
+# a decode step's bookkeeping costs about as much as this many prefill tokens (CPU)
 DECODE_STEP_WEIGHT = 64
 
 
@@ -86,8 +60,7 @@ class RequestOutcome:
 
 
 class ReplayBatch:
-    """The attributes of ``ScheduleBatch`` that SGLang's allocation helpers read, for one
-    running request."""
+    """The attributes of ``ScheduleBatch`` SGLang's allocation helpers read."""
 
     def __init__(self, tree_cache, req, mamba_chunk_size: int):
         self.tree_cache = tree_cache
@@ -130,26 +103,12 @@ class ReplayBatch:
 class Replayer:
     """Runs ``ReplayRequest``s one after another through ``tree_cache``."""
 
-    def __init__(self, tree_cache, chunked_prefill_size: int = 8192,
-                 mamba_chunk_size: int = 64, overlap: bool = False,
-                 evict_every_decode_step: bool = False):
-        """``overlap``: the order of SGLang's overlap loop (``event_loop_overlap``) for one
-        request at a time. Of what differs between the loops, only this reaches a single
-        sequential client: the first decode step's KV allocation comes before the last
-        prefill chunk's ``checkpoint_kv_cache``. The rest does not: a request finishing by
-        length is left out of the next batch (``_reqs_finishing_inflight``), so it has no
-        stop-token overshoot and its last result has no lookahead; the decode-track
-        snapshots land on the same slots and lengths (the ping-pong swap moves one result
-        earlier, still before the next batch is prepared); the tracking slots per request
-        (2 under overlap, 1 without) are the pools' (``PoolConfig.overlap_schedule``).
-
-        ``evict_every_decode_step``: SGLang's paged decode allocation asks the tree to free
-        a whole page per request on every decode step, inside a page too
-        (``alloc_paged_token_slots_decode``: "assume each request needs a new page",
-        allocation.py 583-585); the replay's shortcut inside a page skips that call, so when
-        fewer than a page of KV is free mid-page it evicts one step later than SGLang.
-        True makes the call (serve-sim's scheduler runs SGLang's own code, so it always
-        does); False (``ab``) keeps the figures measured before."""
+    def __init__(self, tree_cache, chunked_prefill_size: int = 8192, mamba_chunk_size: int = 64,
+                 overlap: bool = False, evict_every_decode_step: bool = False):
+        """``overlap``: the overlap loop's order for one request at a time (the first decode
+        step's KV allocation before the last prefill chunk's ``checkpoint_kv_cache``).
+        ``evict_every_decode_step``: SGLang's page-per-request eviction call inside a page too
+        (serve-sim always makes it; ``ab`` skips it, evicting one step later mid-page)."""
         self.cache = tree_cache
         self.chunk = chunked_prefill_size
         self.mamba_chunk_size = mamba_chunk_size
@@ -214,10 +173,7 @@ class Replayer:
         self._track_decode_state(req)
 
     def _decode_alloc(self, req) -> None:
-        """``prepare_for_decode`` for one token. On a page boundary this is SGLang's
-        ``alloc_for_decode_default`` (the step that can allocate a page and evict);
-        inside a page the paged allocator only hands out ``last_loc + 1``, which is
-        written directly (the same row write and length bumps, 60x fewer torch calls)."""
+        """``prepare_for_decode`` of one token (inside a page its effect written directly)."""
         seq_len = req.kv.kv_committed_len
         if seq_len % self.cache.page_size == 0:
             batch = ReplayBatch(self.cache, req, self.mamba_chunk_size)
@@ -244,11 +200,7 @@ class Replayer:
                 return done.value
 
     def steps(self, rr: ReplayRequest, decode_block: int = 64):
-        """``run`` in steps: yields the work of each step in token units (a prefill chunk:
-        its tokens, the first one with the matched prefix; a block of ``decode_block``
-        decode steps: ``DECODE_STEP_WEIGHT`` units a step, measured on CPU) and
-        returns the ``RequestOutcome`` (the release, which inserts the whole sequence,
-        is the generator's last step)."""
+        """``run`` in steps, yielding each step's work in token units; returns the outcome."""
         seconds = 0.0
         t0 = time.perf_counter()
         input_len = len(rr.input_ids)
@@ -302,12 +254,10 @@ class Replayer:
             early = i == 0 and self.overlap
             if early:
                 # event_loop_overlap (scheduler.py 2086-2118): the first decode batch is
-                # prepared (its KV slot allocated, evicting when short) before the
-                # prefill's result is processed
+                # prepared before the prefill's result is processed
                 self._decode_alloc(req)
             if i == 0:
-                # the last prefill chunk of a request that goes on to decode is published
-                # like every other chunk (SchedulerBatchResultProcessor.
+                # the last prefill chunk is published like every other (brp
                 # process_batch_result_prefill: checkpoint_kv_cache when not finished)
                 checkpoint_kv_cache(req, self.cache)
             if not early:

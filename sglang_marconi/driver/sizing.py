@@ -1,35 +1,6 @@
-"""Pool sizes from a byte budget, the way SGLang 0.5.23 sizes a hybrid (attention + SSM) server.
-
-``size_pools(spec, cache_gb, memory)`` turns ``--cache-gb`` (the bytes left for the cache
-after weights and activations: SGLang's ``rest_memory``; GB = 2**30 bytes, SGLang's unit)
-into the pools a real server would build. ``spec`` is any cost model with
-``kv_bytes_per_token`` and ``ssm_state_bytes`` (``sglang_marconi.model``); this module does not
-import it. The rules, all in ``sglang/srt/mem_cache/kv_cache_configurator.py`` unless named:
-
-* state slots (``_handle_max_mamba_cache``, ~3229-3409, the ratio branch ~3338-3386, no
-  speculative decoding): ``mamba_budget = rest * r / (1 + r)`` with
-  ``r = --mamba-full-memory-ratio``; ``per_slot = mamba_cache_per_req`` (conv + temporal
-  state bytes of every SSM layer, ``configs/mamba_utils.py:116``);
-  ``max_mamba_cache_size = int((mamba_budget - per_slot) // per_slot)`` (the pool's +1
-  padding slot is charged); then ``rest -= (slots + 1) * per_slot`` (~3404-3409).
-* KV tokens (``model_executor/pool_configurator.py:637-647``): ``rest // kv_bytes_per_token``,
-  floored to the page.
-* slots per request (``_calculate_mamba_ratio``, ~3062-3086; constants ~227-229): 3, minus 1
-  with ``SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK`` (off by default), plus the tracking slots of
-  ``extra_buffer`` (``allocation_sizing.get_mamba_tracking_slots``: 2 under the overlap
-  schedule, 1 without); 1 with the radix cache disabled. So 5 for SGLang's defaults
-  (extra_buffer, overlap), 4 without overlap, 3 with ``no_buffer``.
-* max running requests (``resolve_max_num_reqs``, ~3113-3172): without
-  ``--max-running-requests``: ``min(clamp(int(kv_tokens / context_len * 512), 2048, 4096),
-  kv_tokens // 2)``; with it: ``min(given, kv_tokens // 2)``; then capped at
-  ``max_mamba_cache_size // slots_per_request``.
-* unified (``--enable-unified-memory``; ``config_from_budget`` ~3192-3211 and
-  ``unified_memory_pool.init_unified_mamba_pools`` ~1680-1691): the static split above still
-  fixes the Mamba slot *ids* (``max_mamba_cache_size``) and the KV token label; the buffer is
-  ``floor4096(rest after states) + slots * per_slot`` bytes, one byte pool both sides draw
-  from. ``kv_tokens`` is then what the KV side could hold with no state resident, and the
-  Mamba allocator gets ``unified_bytes // per_slot - 1`` slot ids (``mamba_slot_ids``).
-"""
+"""Pool sizes from a byte budget (``--cache-gb``, SGLang's ``rest_memory``), the way SGLang
+0.5.23's ``kv_cache_configurator.py`` sizes a hybrid server: state slots, KV tokens, slots
+per request, max running requests, and the unified buffer."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -60,10 +31,7 @@ class PoolSizes:
 
     @property
     def mamba_slot_ids(self) -> int:
-        """The state slots SGLang's allocator hands out: the static pool's, or under unified
-        memory a buffer full of states (``UnifiedKVPool``: ``total_bytes // entry_bytes``
-        ids, slot 0 reserved; ``unified_memory_pool.py`` ~533-544, ~1382), whatever the
-        static split says; ids run out only after bytes do."""
+        """The state slots SGLang's allocator hands out (unified: a buffer of states)."""
         if self.mode == "unified":
             return self.unified_bytes // self.state_bytes - 1
         return self.mamba_slots
@@ -108,9 +76,7 @@ def size_pools(spec, cache_gb: float, memory: str = "static", *,
                mamba_full_memory_ratio: float = 0.9, extra_buffer: bool = True,
                page_size: int = 64, max_running_requests: Optional[int] = None,
                overlap: bool = True, context_len: int = DEFAULT_CONTEXT_LEN) -> PoolSizes:
-    """The pools SGLang 0.5.23 builds for ``cache_gb`` GB of cache memory (see the module
-    docstring for the rules and their lines). ``memory``: "static" (two pools) or "unified"
-    (``--enable-unified-memory``)."""
+    """The pools SGLang 0.5.23 builds for ``cache_gb`` GB; ``memory``: static or unified."""
     if memory not in MODES:
         raise UserError(f"--memory: expected static or unified, got {memory!r}")
     if not cache_gb > 0:
@@ -144,10 +110,9 @@ def size_pools(spec, cache_gb: float, memory: str = "static", *,
         kv_side = int(rest_kv) - int(rest_kv) % 4096
         unified_bytes = kv_side + slots * per_slot
         total_kv = unified_bytes // kv_per_token // page_size * page_size
-    return PoolSizes(mode=memory, cache_bytes=int(rest), kv_tokens=total_kv,
-                     mamba_slots=slots, max_running_requests=running,
-                     slots_per_request=ratio, unified_bytes=unified_bytes,
-                     mamba_full_memory_ratio=mamba_full_memory_ratio,
-                     kv_bytes_per_token=kv_per_token, state_bytes=per_slot,
-                     page_size=page_size, static_kv_tokens=kv_tokens)
+    return PoolSizes(mode=memory, cache_bytes=int(rest), kv_tokens=total_kv, mamba_slots=slots,
+                     max_running_requests=running, slots_per_request=ratio,
+                     unified_bytes=unified_bytes, mamba_full_memory_ratio=mamba_full_memory_ratio,
+                     kv_bytes_per_token=kv_per_token, state_bytes=per_slot, page_size=page_size,
+                     static_kv_tokens=kv_tokens)
 

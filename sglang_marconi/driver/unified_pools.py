@@ -1,26 +1,6 @@
-"""SGLang's unified memory pool (``--enable-unified-memory``) on CPU, at a model's byte ratio.
-
-``build_unified_cache`` builds the stack a hybrid server builds with
-``--enable-unified-memory``: ``unified_memory_pool.init_unified_mamba_pools`` with
-``device="cpu"`` (one ``uint8`` buffer shared by the KV and Mamba sub-pools, SGLang's
-``UnifiedMambaTokenToKVPoolAllocator`` with its compaction, the Mamba slot-id allocator),
-and a tree cache on it. The scheduler settings and the rest of ``CacheInitParams`` come
-from ``pools.build_pools`` (SGLang's own fixture), only the two pools are swapped.
-
-One piece of SGLang's unified path is GPU-only: ``MultiEndedAllocator.alloc_extend`` /
-``alloc_decode`` (``allocator/unified_sub_pool.py`` ~1193-1315) launch the Triton kernels
-``alloc_extend_kernel`` / ``alloc_decode_kernel`` with no CPU branch (the other virtual-slot
-kernels fall back to torch off CUDA). ``install_cpu_alloc_kernels`` points those two names,
-on CPU tensors only, at SGLang's own torch equivalents from the paged allocator
-(``allocator/paged.py``: ``alloc_extend_naive``, ``alloc_decode_naive``, the CPU branch of
-``PagedTokenToKVPoolAllocator``); CUDA tensors still take the kernels.
-
-The buffer is scaled down: a KV token takes ``KV_ENTRY_BYTES`` bytes and a state
-``round(KV_ENTRY_BYTES * state_bytes / kv_bytes_per_token)`` bytes, so a state costs the
-same number of KV tokens as in the real model (to 1/``KV_ENTRY_BYTES`` of a token), and the
-buffer holds ``unified_bytes / kv_bytes_per_token`` tokens' worth. The replay never runs a
-forward pass, so only bytes and ids matter.
-"""
+"""SGLang's unified memory pool (``--enable-unified-memory``) on CPU at a model's byte ratio,
+with its two Triton-only allocation kernels pointed at SGLang's torch equivalents on CPU
+tensors; the buffer is scaled down, only bytes and ids matter."""
 from __future__ import annotations
 
 import dataclasses
@@ -51,8 +31,7 @@ class UnifiedConfig:
 
     @classmethod
     def for_tokens(cls, spec, kv_tokens: int, states: int, mamba_slots: int) -> "UnifiedConfig":
-        """A buffer of ``kv_tokens`` KV tokens' bytes plus room for ``states`` states of
-        ``spec`` (tests), with ``mamba_slots`` slot ids."""
+        """A buffer for ``kv_tokens`` KV tokens plus ``states`` states (tests)."""
         return cls(kv_tokens * spec.kv_bytes_per_token + states * spec.ssm_state_bytes,
                    spec.kv_bytes_per_token, spec.ssm_state_bytes, mamba_slots)
 
@@ -148,8 +127,7 @@ def build_unified_pools(pc: PoolConfig, ucfg: UnifiedConfig):
 
 def build_unified_cache(pc: PoolConfig, ucfg: UnifiedConfig, cache_class=None,
                         tree_core: str = "rust"):
-    """A fresh cache of ``cache_class`` (default: stock ``UnifiedRadixCache``) on a new
-    unified buffer. Returns (cache, allocator, req_to_token_pool)."""
+    """A fresh cache on a new unified buffer: (cache, allocator, req_to_token_pool)."""
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
     params, allocator, req_to_token_pool, _ = build_unified_pools(pc, ucfg)

@@ -1,16 +1,5 @@
-"""Tiny random-weight configs of the hybrid architectures that verify-exact runs.
-
-Each entry builds a small fp32 transformers model (2-4 layers, hidden 64) and records the
-quirks that matter for resuming from a cache:
-
-* ``token_by_token``: Jamba's multi-token forward on a cached state does not feed the saved
-  SSM state into its scan (only its single-token path does), so continuation after a
-  restored or captured state must go one token at a time there.
-* ``prefill_only_dt_clamp``: NemotronH's and Zamba2's chunked scan clamps dt to
-  ``time_step_min`` but their single-token update does not; ``build_model`` lifts the clamp.
-* ``ssm_family``: ``mamba2`` layers get the independent reference-scan cross-check
-  (``ssd_reference``); ``gdn`` (gated delta net) and ``mamba1`` do not.
-"""
+"""Tiny random-weight configs of the hybrid architectures verify-exact runs, with the quirks
+that matter for resuming (``token_by_token``, ``prefill_only_dt_clamp``, ``ssm_family``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -84,10 +73,9 @@ def _falcon_h1():
 def _bamba():
     from transformers import BambaConfig
 
-    return BambaConfig(
-        **_COMMON, num_hidden_layers=4, attn_layer_indices=[1, 3], mamba_n_heads=4,
-        mamba_d_head=32, mamba_d_state=16, mamba_n_groups=1, mamba_d_conv=4, mamba_chunk_size=8,
-    )
+    return BambaConfig(**_COMMON, num_hidden_layers=4, attn_layer_indices=[1, 3], mamba_n_heads=4,
+                       mamba_d_head=32, mamba_d_state=16, mamba_n_groups=1, mamba_d_conv=4,
+                       mamba_chunk_size=8)
 
 
 def _zamba2():
@@ -104,11 +92,9 @@ def _zamba2():
 def _jamba():
     from transformers import JambaConfig
 
-    return JambaConfig(
-        **_COMMON, num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1,
-        expert_layer_period=2, expert_layer_offset=1, num_experts=2, mamba_d_state=8,
-        mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=8,
-    )
+    return JambaConfig(**_COMMON, num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1,
+                       expert_layer_period=2, expert_layer_offset=1, num_experts=2,
+                       mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=8)
 
 
 ARCHS: dict[str, Arch] = {
@@ -143,13 +129,7 @@ def get_arch(name: str) -> Arch:
 
 
 def build_model(arch: Arch, seed: int, keep_dt_clamp: bool = False):
-    """The tiny random-weight fp32 model for ``arch``, weights drawn from ``seed``.
-
-    Where the model's prefill clamps dt and its decode does not, the clamp is lifted
-    (``time_step_limit = (0, inf)``, mamba-ssm's default) unless ``keep_dt_clamp``: otherwise a
-    state written by decode differs from the state a re-prefill of the same tokens computes,
-    with or without any cache (see docs/exactness.md).
-    """
+    """The tiny fp32 model for ``arch`` from ``seed`` (prefill-only dt clamp lifted)."""
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging

@@ -1,10 +1,6 @@
-"""Forward passes: segmented (two-pass) prefill on a cache, greedy decode, uncached reference.
-
-Every call passes explicit ``position_ids`` (Bamba otherwise restarts positions at 0 on a
-cached call) and the cache as ``past_key_values=`` (the pinned transformers 5.19 name).
-Architectures whose multi-token path ignores a saved SSM state (Jamba) are fed one token at a
-time whenever the cache already holds a state.
-"""
+"""Forward passes: segmented (two-pass) prefill on a cache, greedy decode, uncached reference;
+explicit ``position_ids`` on every call, and one token at a time where an architecture's
+multi-token path ignores a saved SSM state (Jamba)."""
 from __future__ import annotations
 
 import torch
@@ -32,11 +28,7 @@ def _call(model, cache, tokens: list[int], start: int) -> torch.Tensor:
 
 @torch.no_grad()
 def segmented_prefill(model, arch, cache, tokens, start, split_points, on_split):
-    """Prefill ``tokens[start:]`` in segments ending at each split point (two-pass prefill).
-
-    ``on_split(position, cache)`` is called after each segment that ends at a split point, so
-    the caller can take the SSM state there. Returns the logits of the last input token.
-    """
+    """Prefill ``tokens[start:]`` in segments, ``on_split(position, cache)`` after each."""
     bounds = sorted({p for p in split_points if start < p < len(tokens)}) + [len(tokens)]
     logits, pos = None, start
     for end in bounds:
@@ -49,11 +41,7 @@ def segmented_prefill(model, arch, cache, tokens, start, split_points, on_split)
 
 @torch.no_grad()
 def greedy_decode(model, arch, cache, first_logits, start, n_tokens):
-    """Greedy continuation of ``n_tokens`` tokens; returns (tokens, logits of each step).
-
-    Step i's logits predict token i; the last token is not fed back, so afterwards the cache
-    holds ``start + n_tokens - 1`` positions (input + output[:-1]).
-    """
+    """Greedy continuation of ``n_tokens`` tokens: (tokens, each step's logits)."""
     out, step_logits = [], [first_logits]
     for i in range(n_tokens):
         tok = int(torch.argmax(step_logits[-1]))

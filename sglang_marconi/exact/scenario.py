@@ -1,26 +1,6 @@
-"""The request sequence verify-exact serves, and the check that resuming is exact.
-
-Requests (token ids drawn from ``seed``; every user turn starts with a distinct token so the
-branch point is exactly the end of the shared system prompt S):
-
-1. conversation 1: S + u1                      (empty tree: state only at the end)
-2. conversation 2: S + u2                      (branch at len(S): two-pass prefill)
-3. conversation 2, next turn: whole history + u3   (hit on request 2's last state)
-4. conversation 3: S + u4                      (hit on the branch-point state of request 2)
-5. conversation 1, next turn: whole history + u5   (hit on request 1's last state)
-
-The project's tree and admission (``PrefixCache``) decide where checkpoints go and what a
-request may reuse; the tensors live in a :class:`CheckpointStore`. Each request resumes from
-its hit, prefills the rest in segments split at the admitted checkpoint positions (taking the
-SSM state at each), decodes ``n_decode`` greedy tokens, and hands its checkpoints to the store.
-An uncached full forward over input + output[:-1] then gives the reference logits: the
-next-token logits and every decode step's logits must agree within ``tolerance`` and the
-greedy tokens must be the reference's argmax at every step (with identical prefixes, that is
-the same as an independent uncached greedy run).
-
-``ssm_offset`` is the negative control: it takes the branch-point state that many tokens away
-from the admitted position (still stored as if taken there), so resuming from it must fail.
-"""
+"""The request sequence verify-exact serves (five requests over three conversations sharing a
+system prompt) and the check that resuming from each hit matches an uncached forward;
+``ssm_offset`` is the negative control, which must fail."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -101,12 +81,9 @@ def _lcp(a, b) -> int:
 
 
 class BranchOracle:
-    """Where Marconi must checkpoint, from the token sequences alone (no tree).
-
-    A hit is the longest checkpointed prefix of the input. The branch point is the longest
-    common prefix with an earlier cached sequence that ends inside it (not a whole-sequence
-    match, which is a follow-up turn); it gets a checkpoint if it lies beyond the hit.
-    """
+    """Where Marconi must checkpoint, from the token sequences alone (no tree): the hit is the
+    longest checkpointed prefix; the branch point, the longest common prefix with an earlier
+    sequence ending inside the input, gets a checkpoint if beyond the hit."""
 
     def __init__(self) -> None:
         self.sequences: list[list[int]] = []
@@ -133,11 +110,7 @@ def make_cache(spec, capacity_bytes=None):
 def run_arch(arch: Arch, seed: int = 0, ssm_offset: int = 0, n_decode: int = N_DECODE,
              tolerance: float = TOLERANCE, crosscheck: bool = True,
              keep_dt_clamp: bool = False, capacity_bytes: int | None = None) -> ArchResult:
-    """Serve the request sequence through the cache on ``arch`` and compare with uncached.
-
-    ``keep_dt_clamp`` keeps a prefill-only dt clamp (see ``archs.build_model``);
-    ``capacity_bytes`` bounds the tree (the oracle then no longer predicts hits). Runs on one
-    CPU thread: these models are tiny, and extra threads only add contention."""
+    """Serve the request sequence on ``arch`` and compare with uncached (one thread)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -272,8 +245,7 @@ def _check_store_matches_tree(cache, store) -> None:
 
 
 def _crosscheck(model, arch, full, states_at, hit):
-    """The uncached reference logits, and the relative differences between the stored Mamba2
-    states and the reference scan's over the same layer inputs (recorded in that forward)."""
+    """Uncached reference logits, and stored Mamba2 states vs the reference scan's."""
     from sglang_marconi.exact.ssd_reference import record_scan_inputs, reference_state
 
     with record_scan_inputs(model, arch.modeling_module) as rec:

@@ -1,16 +1,5 @@
-"""Take real tensors out of a transformers hybrid cache and build a cache back from them.
-
-A transformers 5.19 ``DynamicCache`` holds, per layer, attention ``keys``/``values``
-(shape [batch, kv_heads, seq, head_dim], sliceable to any prefix) and/or SSM
-``conv_states``/``recurrent_states`` (fixed size, valid only for the exact position at which
-they were taken). A :class:`Checkpoint` is what the tree stores for one node: the KV of its
-prefix and the SSM states at exactly that prefix length.
-
-transformers keeps ``conv_kernel`` input columns per conv state, but the oldest one is never
-read again (the next conv window is the last ``kernel - 1`` inputs plus the new token), so a
-checkpoint keeps ``kernel - 1`` columns, as SGLang's MambaPool does and as the cost model
-(``HybridModelSpec.ssm_state_bytes``) charges; restoring pads the unused column with zeros.
-"""
+"""Take real tensors out of a transformers hybrid cache and build one back: a ``Checkpoint``
+holds a prefix's KV and the SSM states at exactly that length (conv: ``kernel - 1`` columns)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -23,9 +12,7 @@ from transformers.cache_utils import (DynamicLayer, LinearAttentionCacheLayerMix
 
 @dataclass
 class SSMState:
-    """The conv and recurrent states of one SSM / linear-attention layer (per state index).
-
-    ``conv`` holds the last ``kernel - 1`` conv inputs (see the module docstring)."""
+    """The conv (last ``kernel - 1`` inputs) and recurrent states of one SSM layer."""
 
     conv: dict[int, torch.Tensor]
     recurrent: dict[int, torch.Tensor]
@@ -97,9 +84,8 @@ def restore(config, ckpt: Checkpoint) -> DynamicCache:
                             "not an SSM layer")
         for idx, conv in state.conv.items():
             conv = torch.nn.functional.pad(conv, (1, 0))  # the never-read oldest column
-            LinearAttentionLayer.lazy_initialization(
-                layer, conv_states=conv, state_idx=idx, conv_kernel_size=conv.shape[-1]
-            )
+            LinearAttentionLayer.lazy_initialization(layer, conv_states=conv, state_idx=idx,
+                                                     conv_kernel_size=conv.shape[-1])
             layer.conv_states[idx].copy_(conv)
             layer.has_previous_state[idx] = True
         for idx, rec in state.recurrent.items():

@@ -1,22 +1,6 @@
-"""Independent cross-check of Mamba2 states with mamba-ssm's minimal SSD reference scan.
-
-For a Mamba2-based model, the inputs of every layer's chunk scan (x, dt, A, B, C, dt_bias,
-dt_limit) are recorded during an uncached forward pass; mamba-ssm's pure-PyTorch
-``ssd_minimal_discrete`` (Listing 1 of the Mamba2 paper, chunked, with ``initial_states``)
-then computes the state after the first P tokens, in two chained chunks (0..h, h..P) to
-exercise resume-from-state in the reference too. That state must equal the one the cache
-checkpoint holds at P.
-
-Loading the reference: ``import mamba_ssm`` fails on a CPU-only build (its ``__init__`` imports
-the CUDA extension ``selective_scan_cuda``), and ``mamba_ssm/modules/ssd_minimal.py`` imports
-``mamba_ssm.ops.triton.ssd_combined`` at its top (unused by ``ssd_minimal_discrete``). We load
-that one file with importlib under a private name while stub modules stand in for those
-imports, then remove the stubs again: transformers probes ``import mamba_ssm`` to choose its
-kernels, and must keep seeing it as absent. The same loader serves mamba-ssm's
-``selective_state_update_ref`` and causal-conv1d's ``causal_conv1d_ref`` /
-``causal_conv1d_update_ref`` (their files import the CUDA extensions likewise), which check
-the live CPU server's torch Mamba2 kernels (``tests/test_cpu_kernels.py``).
-"""
+"""Independent cross-check of Mamba2 states with mamba-ssm's minimal SSD reference scan, loaded
+by path with stub modules for its CUDA imports (removed afterwards: transformers must keep
+seeing mamba_ssm as absent)."""
 from __future__ import annotations
 
 import contextlib
@@ -49,9 +33,7 @@ def _parents(name: str) -> list:
 
 @lru_cache(maxsize=None)
 def _load_reference_file(package: str, relative: str):
-    """One file of ``package`` loaded under a private name, with stub modules standing in
-    for the CUDA-only modules it imports (its package ``__init__`` included), then removed
-    again (see module docstring)."""
+    """One file of ``package`` loaded under a private name, CUDA imports stubbed."""
     spec = importlib.util.find_spec(package)  # locates the package without importing it
     if spec is None or not spec.submodule_search_locations:
         raise ImportError(f"{package} is not installed (see requirements/no-deps.txt)")
@@ -84,25 +66,9 @@ def load_ssd_minimal():
     return _load_reference_file("mamba_ssm", "modules/ssd_minimal.py").ssd_minimal_discrete
 
 
-def load_selective_state_update_ref():
-    """mamba-ssm's ``selective_state_update_ref`` (one recurrent step, pure PyTorch)."""
-    return _load_reference_file(
-        "mamba_ssm", "ops/triton/selective_state_update.py").selective_state_update_ref
-
-
-def load_causal_conv1d_refs():
-    """causal-conv1d's ``causal_conv1d_ref`` and ``causal_conv1d_update_ref``."""
-    module = _load_reference_file("causal_conv1d", "causal_conv1d_interface.py")
-    return module.causal_conv1d_ref, module.causal_conv1d_update_ref
-
-
 @contextlib.contextmanager
 def record_scan_inputs(model, modeling_module: str):
-    """Record the chunk-scan inputs of every Mamba2 layer of ``model`` during the block.
-
-    Yields a dict layer_idx -> scan arguments (as named by the model's ``mamba2_chunk_scan``).
-    The current layer comes from a forward pre-hook on each mixer (a module with ``A_log``).
-    """
+    """Yield layer_idx -> the chunk-scan arguments of each Mamba2 layer of ``model``."""
     mod = importlib.import_module(modeling_module)
     original = mod.mamba2_chunk_scan
     signature = inspect.signature(original)
@@ -131,12 +97,9 @@ def record_scan_inputs(model, modeling_module: str):
 
 
 def reference_state(rec: dict, position: int, resume_at: int | None = None, block_len: int = 8):
-    """SSM state after ``position`` tokens from recorded scan inputs, by the reference scan.
-
-    The discretisation (dt + dt_bias, softplus, clamp to dt_limit; x*dt, A*dt; B/C shared by
-    head groups) follows Mamba2; the chunked scan is mamba-ssm's ``ssd_minimal_discrete``, run
-    over [0, resume_at) and then [resume_at, position) from the first chunk's final state.
-    """
+    """SSM state after ``position`` tokens from recorded scan inputs, by the reference scan:
+    Mamba2's discretisation, then ``ssd_minimal_discrete`` over [0, resume_at) and
+    [resume_at, position) from the first chunk's final state."""
     ssd = load_ssd_minimal()
     x, dt, A, B, C = (rec[k] for k in ("hidden_states", "dt", "A", "B", "C"))
     if rec.get("dt_bias") is not None:

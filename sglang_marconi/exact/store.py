@@ -1,9 +1,5 @@
-"""The tensor side of the cache: checkpoints keyed by tree node id.
-
-The policy (``sglang_marconi.policy.cache.PrefixCache``) decides which nodes hold a state and
-which are evicted; this store keeps the matching tensors and frees them when the policy's
-``on_evict`` callback names a node.
-"""
+"""The tensor side of the cache: checkpoints keyed by tree node id, freed when the policy's
+``on_evict`` callback names a node."""
 from __future__ import annotations
 
 from sglang_marconi.exact.snapshot import Checkpoint

@@ -1,16 +1,5 @@
-"""The CPU A/B: one trace replayed through stock SGLang caches and the Marconi cache.
-
-Each cache gets fresh pools of the same size (``pools``) and the same request sequence,
-driven through the scheduler's calls (``replay``). Everything compared is measured the
-same way for every cache, from outside it: tokens hit (what each prefill skipped), FLOPs
-saved (the cost model's prefill FLOPs of the hit), states admitted (inserts that stored a
-new SSM state) and evicted (``EvictResult.mamba_num_evicted``), peak slots in use, and the
-wall time of the cache bookkeeping per request. With a host tier (SGLang's HiCache,
-``PoolConfig.hicache_*``) a prefill also skips what was loaded back from host: hits and
-FLOPs saved count device and host hits, and a ``host`` section says what crossed between
-the tiers (tokens and states loaded back and backed up, in the model's bytes) and what
-each tier evicted (``instrument_host``).
-"""
+"""The CPU A/B: one trace replayed through stock SGLang caches and the Marconi cache on fresh
+pools of one size, each measured from outside the same way."""
 from __future__ import annotations
 
 import contextlib
@@ -21,7 +10,7 @@ import statistics
 import tempfile
 import time
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 from sglang.srt.mem_cache.unified_cache.components import base as access_clock
@@ -45,11 +34,7 @@ CACHES = {
 
 
 class OwnAccessClock:
-    """One cache's copy of SGLang's process-global access-time counter, for caches run
-    side by side in one process (the bookkeeping benchmark, ``serve-sim --interleave``):
-    entered around each of that cache's turns, so its recency values are spaced as in a
-    run of that cache alone (Marconi normalises recency by its range: the other caches'
-    ticks in between would change its order, and its decisions)."""
+    """One cache's copy of SGLang's process-global access-time counter."""
 
     def __init__(self):
         self.value = access_clock._LAST_ACCESS_TIME_COUNTER_FLOAT
@@ -90,7 +75,6 @@ class CacheCounters:
     states_evicted: int = 0
     kv_tokens_evicted: int = 0
     evict_calls: int = 0
-    extra: dict = field(default_factory=dict)
 
 
 def instrument(cache) -> CacheCounters:
@@ -168,8 +152,7 @@ def instrument_host(cache) -> Optional[HostCounters]:
             counters.kv_tokens_evicted += freed
         return freed
 
-    controller.load = counted(controller.load, "host_indices", "kv_tokens_loaded",
-                              "states_loaded")
+    controller.load = counted(controller.load, "host_indices", "kv_tokens_loaded", "states_loaded")
     controller.write = counted(controller.write, "device_indices", "kv_tokens_backed_up",
                                "states_backed_up")
     cache.evict_host = counting_evict_host
@@ -213,20 +196,16 @@ def make_cache(name: str, cfg: ABConfig):
             settings = dataclasses.replace(
                 settings, max_states_per_request=defaults.PAPER_MAX_STATES_PER_REQUEST,
                 alpha=defaults.PAPER_ALPHA if settings.alpha is None else settings.alpha)
-        cache_class = functools.partial(MarconiUnifiedRadixCache, settings=settings,
-                                        spec=cfg.spec)
+        cache_class = functools.partial(MarconiUnifiedRadixCache, settings=settings, spec=cfg.spec)
     if cfg.unified is not None:
         from sglang_marconi.driver.unified_pools import build_unified_cache
 
-        return build_unified_cache(cfg.pools, cfg.unified, cache_class=cache_class,
-                                   tree_core=core)
+        return build_unified_cache(cfg.pools, cfg.unified, cache_class=cache_class, tree_core=core)
     return build_cache(cfg.pools, cache_class=cache_class, tree_core=core)
 
 
 def open_cache(name: str, cfg: ABConfig, stack: contextlib.ExitStack, build=None):
-    """``build(name, cfg)`` (default ``make_cache``); with ``cfg.l3`` its L3 file store in a
-    temporary directory, whose storage threads stop and which is removed when ``stack``
-    closes."""
+    """``build(name, cfg)``; with ``cfg.l3`` a temporary L3 file store closed with ``stack``."""
     if cfg.l3:
         store = stack.enter_context(tempfile.TemporaryDirectory(prefix="ab-l3-"))
         cfg = dataclasses.replace(cfg, pools=dataclasses.replace(
@@ -256,8 +235,7 @@ def _run_one(name, cache, requests, cfg, progress, per_request) -> dict:
     pauses = GCPauses()
     calls = CallTimer(cache, pauses)
     replayer = Replayer(cache, chunked_prefill_size=cfg.pools.chunked_prefill_size,
-                        overlap=cfg.overlap,
-                        evict_every_decode_step=cfg.evict_every_decode_step)
+                        overlap=cfg.overlap, evict_every_decode_step=cfg.evict_every_decode_step)
     spec = cfg.spec
     hit = inp = lost = 0
     saved = total_flops = 0.0

@@ -1,9 +1,5 @@
-"""Timing primitives for the cache bookkeeping measurements: ``quantile``, the nearest-rank
-quantile of per-request times (the A/B's columns in ``harness.ab`` and the benchmark in
-``scripts/lib/marconi_reports/overhead.py``), ``CallTimer`` (the longest single cache
-call) and ``GCPauses``, which measures the garbage collector's pauses so that a cache's own
-time can be told from the collections of the replay's heap. A leaf: it imports nothing of the package, so ``harness.ab``, serve-sim
-and the benchmark can all use it."""
+"""Timing primitives for the bookkeeping measurements: ``quantile`` (nearest rank), ``CallTimer``
+(the longest cache call) and ``GCPauses``; a leaf that imports nothing of the package."""
 from __future__ import annotations
 
 import gc
@@ -11,8 +7,7 @@ import time
 
 
 def quantile(xs, q: float) -> float:
-    """Nearest-rank quantile: the element at rank ``int(q * n)`` of the sorted ``xs`` (0.0
-    for none)."""
+    """Nearest-rank quantile: element ``int(q * n)`` of the sorted ``xs`` (0.0 for none)."""
     if not xs:
         return 0.0
     s = sorted(xs)
@@ -20,13 +15,7 @@ def quantile(xs, q: float) -> float:
 
 
 class GCPauses:
-    """The collector's pauses while installed (``gc.callbacks``): count, longest, total.
-
-    ``total`` only grows, so a timed call subtracts ``total`` read at its end minus at its
-    start to keep its own time. ``freeze=True`` moves every object alive now (the trace,
-    the other runs' leftovers) to the permanent generation for the duration, as a server's
-    scheduler process holds no trace: collections then scan only what the run allocates.
-    """
+    """The collector's pauses while installed (count, longest, total); ``freeze`` option."""
 
     def __init__(self, freeze: bool = True):
         self.count = 0
@@ -67,10 +56,7 @@ class GCPauses:
 
 
 class CallTimer:
-    """Wraps the cache methods the scheduler calls (``CALLS``) and keeps the wall time of
-    each outermost call (a call made inside another is part of it): ``max`` is the longest
-    single cache call. With ``gc_pauses`` the collector's pauses inside a call are not the
-    call's time."""
+    """Times each outermost call of the cache methods in ``CALLS``: ``max`` is the longest."""
 
     CALLS = ("match_prefix", "lock", "unlock", "checkpoint", "evict", "evict_for_alloc",
              "free_kv_row", "on_release")

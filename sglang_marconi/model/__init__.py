@@ -1,7 +1,4 @@
-"""The hybrid-model cost model: bytes per KV token and per SSM checkpoint, prefill FLOPs and
-FLOPs saved by a hit, derived from a model's config (see ``spec``, ``configs``, ``presets``).
-
-Build a spec with ``preset_spec(name)``, ``spec_from_config_path(path)`` or
+"""The hybrid-model cost model: ``preset_spec(name)``, ``spec_from_config_path(path)``,
 ``spec_from_hf_config(config)``; ``resolve_model`` serves the CLIs' ``--model/--config``."""
 from sglang_marconi.errors import UserError
 from sglang_marconi.model.configs import spec_from_config_path, spec_from_hf_config
@@ -13,9 +10,7 @@ __all__ = ["PRESETS", "HybridModelSpec", "dtype_bytes", "preset_spec", "resolve_
 
 
 def resolve_model(preset=None, config=None, dtype=None, **server) -> HybridModelSpec:
-    """The spec a CLI's ``--model PRESET`` / ``--config PATH`` pair names; ``server``: the
-    server flags ``spec_from_hf_config`` takes (``kv_cache_dtype``, ``mamba_ssm_dtype``,
-    ``tp_size``)."""
+    """The spec a CLI's ``--model`` / ``--config`` names, with the server flags."""
     if bool(preset) == bool(config):
         raise UserError("give exactly one of --model PRESET or --config PATH")
     if config:

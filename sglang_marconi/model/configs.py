@@ -1,14 +1,5 @@
-"""Hugging Face configs -> ``HybridModelSpec``, one builder per architecture SGLang serves.
-
-Configs are read with transformers' own config classes (``AutoConfig.for_model``) or, inside
-SGLang's server, SGLang's class for the architecture (``sglang/srt/configs/``), which stores
-some fields under other names; every builder gives the same spec from either class
-(tests/test_sglang_configs.py). Bytes are what SGLang's pools hold on one tensor-parallel
-rank, in the dtypes of ``dtypes.cache_dtypes`` (tests/test_server_bytes.py compares them
-with the pools SGLang builds); FLOPs are the whole model's. ``SGLANG_REFUSED`` names the
-SGLang hybrid classes no builder covers. Bad input raises ``UserError`` naming the file,
-the architecture and the field.
-"""
+"""Hugging Face configs -> ``HybridModelSpec``, one builder per architecture SGLang serves, the
+same spec from transformers' or SGLang's config class; bad input raises ``UserError``."""
 from __future__ import annotations
 
 import json
@@ -18,8 +9,7 @@ from pathlib import Path
 from sglang_marconi.errors import UserError
 from sglang_marconi.model.dtypes import cache_dtypes
 from sglang_marconi.model.layers import (AttentionLayer, MLAAttentionLayer, MLPLayer, gdn_layer,
-                                         kda_layer, mamba1_layer, mamba2_layer,
-                                         short_conv_layer)
+                                         kda_layer, mamba1_layer, mamba2_layer, short_conv_layer)
 from sglang_marconi.model.spec import HybridModelSpec
 
 MAMBA_TYPES = {"mamba", "mamba2", "linear_attention", "m", "conv", "short_conv"}
@@ -75,10 +65,8 @@ class _Reader:
         return value
 
     def first(self, fields):
-        """The first of ``fields`` the config sets, as (name, value); (fields[0], None) when
-        none is. SGLang's own config classes (what ``model_config.hf_config`` is in the
-        server) do not always store a field under transformers' name: SGLang's
-        Qwen3NextConfig drops ``layer_types`` and derives ``layers_block_type`` instead."""
+        """The first of ``fields`` the config sets, as (name, value), else (fields[0], None):
+        SGLang's config classes store some fields under other names than transformers'."""
         for field in fields:
             value = getattr(self.cfg, field, None)
             if value is not None:
@@ -148,12 +136,9 @@ def _nemotron_h(r):
 
 
 def _qwen3_next(r):
-    """Qwen3-Next and Qwen3.5 (text config): GDN or gated full attention, then MLP/MoE.
-
-    The layer pattern is transformers' ``layer_types`` or, on SGLang's config classes (which
-    drop ``layer_types``), ``layers_block_type`` (from ``full_attention_interval``). Dense
-    Qwen3.5 (``qwen3_5_text``) has a dense MLP in every layer: SGLang's class inherits
-    Qwen3-Next's ``num_experts=512`` default, which its model ignores for that type."""
+    """Qwen3-Next and Qwen3.5 (text config): GDN or gated full attention, then MLP/MoE; the
+    pattern from ``layer_types`` or SGLang's ``layers_block_type``. Dense Qwen3.5 has a dense
+    MLP in every layer (SGLang's class inherits ``num_experts=512``, which its model ignores)."""
     hidden = r.int("hidden_size")
     gdn = gdn_layer(hidden, r.int("linear_num_key_heads"), r.int("linear_num_value_heads"),
                     r.int("linear_key_head_dim"), r.int("linear_value_head_dim"),
@@ -205,10 +190,7 @@ def _granite_moe_hybrid(r):
 
 
 def _kimi_linear(r):
-    """Kimi-Linear: KDA (delta rule, per-channel decay) or MLA full attention, then a dense
-    MLP (the first ``first_k_dense_replace`` layers) or MoE with shared experts. Reads
-    SGLang's ``linear_attn_config`` (1-based ``kda_layers``) or transformers'
-    ``layer_types`` / ``linear_num_heads``."""
+    """Kimi-Linear: KDA or MLA full attention, then a dense MLP or MoE."""
     cfg, hidden = r.cfg, r.int("hidden_size")
     lin = getattr(cfg, "linear_attn_config", None)
     if lin:
@@ -226,8 +208,7 @@ def _kimi_linear(r):
     kda = kda_layer(hidden, heads, head_dim, conv, **_ssm_bytes(r))
     mla = MLAAttentionLayer(hidden, r.int("num_attention_heads"), r.int("num_attention_heads"),
                             r.int("qk_nope_head_dim"), r.dtypes.kv_bytes,
-                            q_lora_rank=r.int0("q_lora_rank"),
-                            kv_lora_rank=r.int("kv_lora_rank"),
+                            q_lora_rank=r.int0("q_lora_rank"), kv_lora_rank=r.int("kv_lora_rank"),
                             rope_dim=r.int("qk_rope_head_dim"), v_head_dim=r.int("v_head_dim"))
     experts = MLPLayer(hidden, expert_size=r.int("moe_intermediate_size"),
                        active_experts=r.int(r.first(("num_experts_per_token",
@@ -256,8 +237,7 @@ def _lfm2_ff_dim(r) -> int:
 
 
 def _lfm2(r):
-    """LFM2 / LFM2-MoE: gated short convolutions or GQA attention, then a gated MLP (LFM2)
-    or, after ``num_dense_layers`` dense ones, MoE (LFM2-MoE)."""
+    """LFM2 / LFM2-MoE: short convolutions or GQA attention, then a gated MLP or MoE."""
     hidden = r.int("hidden_size")
     conv = short_conv_layer(hidden, r.int("conv_L_cache"), r.dtypes.conv_bytes, tp=r.tp)
     moe_model = getattr(r.cfg, "model_type", None) == "lfm2_moe"
@@ -322,9 +302,7 @@ def _bamba(r):
 
 
 def _zamba2(r):
-    """Zamba2 (transformers only): Mamba2 in every layer; 'hybrid' layers also run the
-    shared transformer block (attention over the 2*hidden concatenation, own KV per
-    invocation, then a gated MLP)."""
+    """Zamba2 (transformers only): Mamba2 everywhere, 'hybrid' layers add the shared block."""
     hidden = r.int("hidden_size")
     mamba = mamba2_layer(hidden, r.int("mamba_expand") * hidden, r.int("n_mamba_heads"),
                          r.int("mamba_d_state"), r.int("mamba_ngroups"), r.int("mamba_d_conv"),
@@ -375,18 +353,14 @@ SGLANG_REFUSED = {
 
 
 def _config_dtype(cfg) -> str:
-    """The dtype SGLang serves a config in with ``--dtype auto`` (``model_config.py``
-    ``_get_and_verify_dtype``): the config's, float32 when it names none, and float32
-    served as float16."""
+    """The dtype SGLang serves a config in with ``--dtype auto`` (float32 as float16)."""
     value = str(getattr(cfg, "dtype", None) or "float32").replace("torch.", "")
     return "float16" if value in ("float32", "float") else value
 
 
 def spec_from_hf_config(cfg, name=None, dtype=None, *, kv_cache_dtype=None,
                         mamba_ssm_dtype=None, tp_size=1, env=None) -> HybridModelSpec:
-    """The spec of ``cfg`` as a server with these flags holds it (``--dtype``,
-    ``--kv-cache-dtype``, ``--mamba-ssm-dtype``, ``--tp-size``; ``env`` defaults to the
-    process environment, which SGLang reads too)."""
+    """The spec of ``cfg`` as a server with these flags holds it."""
     model_type = getattr(cfg, "model_type", None)
     if model_type in MULTIMODAL_WRAPPERS:
         cfg = cfg.text_config
@@ -413,6 +387,5 @@ def spec_from_hf_config(cfg, name=None, dtype=None, *, kv_cache_dtype=None,
 
 
 def spec_from_config_path(path, name=None, dtype=None, **server) -> HybridModelSpec:
-    """From a Hugging Face ``config.json`` (or a model folder holding one); ``server``: the
-    keyword flags of ``spec_from_hf_config``."""
+    """From a ``config.json`` (or its folder); ``server``: ``spec_from_hf_config``'s flags."""
     return spec_from_hf_config(load_hf_config(path), name=name, dtype=dtype, **server)

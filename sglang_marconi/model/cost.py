@@ -1,8 +1,5 @@
-"""``CostModel``: what the policy needs to know of a model (a typed interface).
-
-``HybridModelSpec`` implements it from a config, ``policy.ghost.UnitCost`` for the ghost
-index. Anything that ranks or budgets takes a ``CostModel``, never a concrete class.
-"""
+"""``CostModel``: what the policy needs to know of a model (a typed interface implemented by
+``HybridModelSpec`` and ``policy.ghost.UnitCost``)."""
 from __future__ import annotations
 
 from typing import Protocol, runtime_checkable

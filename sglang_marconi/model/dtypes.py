@@ -1,13 +1,5 @@
-"""The dtypes SGLang 0.5.23 stores a hybrid model's cache in, by SGLang's own rules.
-
-- temporal SSM state (``srt/configs/mamba_utils.py`` ``mamba2_state_dtype``):
-  ``--mamba-ssm-dtype`` (the server sets ``SGLANG_MAMBA_SSM_DTYPE`` from it), else that
-  variable, else the config's ``mamba_ssm_dtype`` for the architectures whose SGLang class
-  passes its config (``READS_CONFIG_SSM_DTYPE``), else float32;
-- conv state: ``SGLANG_MAMBA_CONV_DTYPE``, else bfloat16;
-- KV: ``--kv-cache-dtype`` (``auto`` is the model's dtype; fp8 variants 1 byte).
-``tests/test_server_bytes.py`` holds these equal to SGLang's functions and pools.
-"""
+"""The dtypes SGLang 0.5.23 stores a hybrid model's cache in, by SGLang's own rules (temporal
+and conv state, KV); ``tests/test_server_bytes.py`` holds them equal to SGLang's pools."""
 from __future__ import annotations
 
 import os
@@ -55,8 +47,7 @@ def _choice(value, choices, what):
 
 def cache_dtypes(cfg, arch: str, model_dtype: str, *, kv_cache_dtype: str | None = None,
                  mamba_ssm_dtype: str | None = None, env=None) -> CacheDtypes:
-    """SGLang's cache dtypes for a config of architecture ``arch`` served in
-    ``model_dtype``; ``kv_cache_dtype`` / ``mamba_ssm_dtype`` are the server flags."""
+    """SGLang's cache dtypes for ``arch`` served in ``model_dtype`` with these flags."""
     env = os.environ if env is None else env
     kv = _choice(kv_cache_dtype or "auto", KV_CACHE_DTYPES, "--kv-cache-dtype")
     kv = model_dtype if kv == "auto" else ("bfloat16" if kv == "bf16" else kv)

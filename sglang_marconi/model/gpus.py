@@ -1,16 +1,5 @@
-"""GPU presets: the datasheet numbers the time models read (peak FLOP/s, HBM and host-link
-bandwidth) and the assumed efficiencies, one home for the serving replay's clock
-(``serving.gpu_model``) and the two-tier rule's load cost (``policy.host_tier``).
-
-Peaks are the vendors' datasheet numbers (dense BF16 tensor-core FLOP/s, HBM bandwidth):
-NVIDIA A100 SXM 80GB datasheet (312 TFLOP/s, 2.039 TB/s); H100 SXM datasheet (989 TFLOP/s,
-3.35 TB/s); H200 SXM datasheet (989 TFLOP/s, 4.8 TB/s); B200 (HGX B200 datasheet: 2.25
-PFLOP/s dense BF16, 8 TB/s). The host link (HiCache's host -> device load-back,
-``pcie_bytes_s``) is one direction of the datasheets' bidirectional PCIe figure: A100 "PCIe
-Gen4: 64 GB/s" -> 32 GB/s; H100 and H200 "PCIe Gen5: 128 GB/s" -> 64 GB/s; B200 assumed the
-same Gen5 x16 link as the H200 (not checked against a datasheet). MFU, HBM efficiency and
-the step overhead are assumptions, not measurements: no GPU was available to calibrate them.
-"""
+"""GPU presets: datasheet peaks and bandwidths (``pcie_bytes_s``: one direction) and assumed
+efficiencies, for the serving clock and the two-tier rule's load cost."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
@@ -36,8 +25,6 @@ PRESETS = {
     "h200": GpuPreset("h200", 989e12, 4.8e12),
     "b200": GpuPreset("b200", 2250e12, 8.0e12),
 }
-OVERRIDABLE = ("peak_flops", "hbm_bytes_s", "mfu", "hbm_efficiency", "step_overhead_s",
-               "pcie_bytes_s")
 DEFAULT_HOST_GPU = "h200"  # the GPU the SGLang cache's two-tier rule assumes (it has no clock)
 
 

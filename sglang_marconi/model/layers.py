@@ -1,15 +1,7 @@
 """Per-layer cost formulas: bytes a layer keeps per cached token / per checkpoint, and the
-FLOPs it spends to prefill tokens.
-
-Conventions (documented in docs/design.md):
-- a matmul of (L x a) by (a x b) costs 2*L*a*b FLOPs;
-- attention scores and the weighted sum cost 2*L^2*(heads*head_dim) each, without causal
-  halving (the paper's 4*L^2*D term), so saved FLOPs include the quadratic term;
-- the LM head and embeddings are left out: a prefill computes logits for the last token only,
-  so they do not change with the cached prefix;
-- SSM layers are linear in L; their state is fixed-size: temporal (recurrent) state plus the
-  convolution window.
-"""
+FLOPs it spends to prefill tokens (docs/design.md): a matmul costs 2*L*a*b; attention
+2*L^2*(heads*head_dim) twice, without causal halving; LM head and embeddings left out; SSM
+layers linear in L with a fixed-size state (temporal plus convolution window)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,11 +11,7 @@ from sglang_marconi.errors import UserError
 
 @dataclass(frozen=True)
 class AttentionLayer:
-    """Full (global) softmax attention with GQA. ``q_factor`` is 2 for gated attention
-    (Qwen3-Next's q_proj also emits the output gate); ``in_dim`` is the width the Q/K/V
-    projections read. KV bytes are one tensor-parallel rank's (``tp``): SGLang's
-    ``get_num_kv_heads`` splits the KV heads and replicates them once there are fewer
-    heads than ranks. FLOPs are the whole model's."""
+    """Full softmax attention with GQA (KV bytes one rank's, FLOPs the whole model's)."""
 
     hidden: int
     num_heads: int
@@ -55,10 +43,7 @@ class AttentionLayer:
 
 @dataclass(frozen=True)
 class MLAAttentionLayer(AttentionLayer):
-    """Multi-head latent attention (Kimi-Linear's full-attention layers). SGLang's
-    ``MLATokenToKVPool`` keeps the compressed latent and the rope key per token,
-    (kv_lora_rank + qk_rope_head_dim) elements, on every rank. ``head_dim`` is the
-    nope part of the query/key head; ``num_kv_heads`` equals ``num_heads``."""
+    """Multi-head latent attention (Kimi-Linear): latent + rope key per token, every rank."""
 
     q_lora_rank: int = 0
     kv_lora_rank: int = 0
@@ -85,14 +70,9 @@ class MLAAttentionLayer(AttentionLayer):
 
 @dataclass(frozen=True)
 class SSMLayer:
-    """A recurrent layer with a fixed-size state: Mamba1, Mamba2 or gated delta net.
-
-    ``proj_flops_per_token`` covers in/out projections and the convolution;
-    ``scan_flops_per_token`` the recurrence. State bytes: ``temporal_elems`` in
-    ``state_dtype_bytes`` plus ``conv_elems`` in ``conv_dtype_bytes``. ``state_head_dim``
-    is the temporal state's middle axis (SGLang's ``(heads, head_dim, state_size)``): an
-    int8 checkpoint keeps one scale per ``head_dim`` values.
-    """
+    """A recurrent layer with a fixed-size state (Mamba1, Mamba2, gated delta net): projection
+    and scan FLOPs per token, temporal and conv elements in their dtypes; ``state_head_dim``
+    is the axis an int8 checkpoint keeps one scale per."""
 
     kind: str  # "mamba1" | "mamba2" | "gdn" | "mamba" (the paper's own formula)
     temporal_elems: int
@@ -123,11 +103,7 @@ class SSMLayer:
 
 @dataclass(frozen=True)
 class MLPLayer:
-    """Dense MLP or MoE. FLOPs count only what runs for a token: ``active_experts`` routed
-    experts of width ``expert_size`` plus shared experts of ``shared_size`` total width, the
-    router, and a dense MLP of width ``dense_size``. ``gated`` MLPs (SwiGLU) have three
-    matrices, plain ones (ReLU^2, GELU) two. ``latent`` (NemotronH latent MoE) routes experts
-    in a narrower width, with a down and up projection around them."""
+    """Dense MLP or MoE, counting only what runs for a token."""
 
     hidden: int
     dense_size: int = 0
@@ -166,35 +142,27 @@ def _split(n: int, tp: int, what: str) -> int:
 
 
 def _groups(n_groups: int, tp: int) -> int:
-    """SGLang's ``Mamba2StateShape.create``: groups that do not split evenly are
-    replicated up to the rank count (``extra_groups_for_head_shards``)."""
+    """SGLang's ``Mamba2StateShape.create``: uneven groups replicated up to the ranks."""
     return n_groups if n_groups % tp == 0 else n_groups + tp - n_groups
 
 
 def mamba2_layer(hidden, d_inner, nheads, d_state, n_groups, d_conv, state_bytes, conv_bytes,
                  tp=1) -> SSMLayer:
-    """A Mamba2 mixer. in_proj emits z, x, B, C, dt; conv1d over x, B, C; SSD scan
-    (per state element: decay, input, output ~ 6 FLOPs); out_proj. State: one rank's
-    (SGLang's ``Mamba2StateShape.create``): (heads/tp, head_dim, d_state) temporal, conv over
-    (d_inner + 2*groups*d_state)/tp channels with a window of d_conv - 1."""
+    """A Mamba2 mixer (SSD scan ~6 FLOPs per state element); one rank's state."""
     conv_dim = d_inner + 2 * n_groups * d_state
     proj = 2 * hidden * (2 * d_inner + 2 * n_groups * d_state + nheads) + 2 * d_inner * hidden
     proj += 2 * conv_dim * d_conv
     head_dim = d_inner // nheads
     rank_conv = _split(d_inner + 2 * _groups(n_groups, tp) * d_state, tp, "conv channels")
-    return SSMLayer("mamba2",
-                    temporal_elems=_split(nheads, tp, "SSM heads") * head_dim * d_state,
-                    conv_elems=rank_conv * (d_conv - 1),
-                    state_dtype_bytes=state_bytes, conv_dtype_bytes=conv_bytes,
-                    proj_flops_per_token=proj, scan_flops_per_token=6 * d_inner * d_state,
-                    state_head_dim=head_dim)
+    return SSMLayer("mamba2", temporal_elems=_split(nheads, tp, "SSM heads") * head_dim * d_state,
+                    conv_elems=rank_conv * (d_conv - 1), state_dtype_bytes=state_bytes,
+                    conv_dtype_bytes=conv_bytes, proj_flops_per_token=proj,
+                    scan_flops_per_token=6 * d_inner * d_state, state_head_dim=head_dim)
 
 
 def mamba1_layer(hidden, d_inner, d_state, d_conv, dt_rank, state_bytes, conv_bytes,
                  tp=1) -> SSMLayer:
-    """A Mamba1 mixer: in_proj (x, z), conv1d, x_proj (dt, B, C), dt_proj, selective
-    scan (~9 FLOPs per state element), out_proj. State: SGLang's full-rank layout
-    (``create_full_rank``): (d_inner/tp, d_state) temporal, d_inner/tp conv channels."""
+    """A Mamba1 mixer (selective scan ~9 FLOPs per state element); full-rank state."""
     proj = (2 * hidden * 2 * d_inner + 2 * d_inner * (dt_rank + 2 * d_state)
             + 2 * dt_rank * d_inner + 2 * d_inner * hidden + 2 * d_inner * d_conv)
     rank_inner = _split(d_inner, tp, "SSM channels")
@@ -206,18 +174,14 @@ def mamba1_layer(hidden, d_inner, d_state, d_conv, dt_rank, state_bytes, conv_by
 
 def gdn_layer(hidden, num_k_heads, num_v_heads, head_k_dim, head_v_dim, d_conv, state_bytes,
               conv_bytes, tp=1) -> SSMLayer:
-    """A gated delta net (Qwen3-Next / Qwen3.5 linear attention): in_proj_qkvz and in_proj_ba,
-    conv1d over q, k, v, the delta-rule recurrence (per head a dk x dv state: decay, k^T S,
-    rank-1 update, q S ~ 8 FLOPs per state element), out_proj. State: one rank's, laid out
-    as SGLang's Mamba2 shape with the key heads as groups."""
+    """A gated delta net (Qwen3-Next / Qwen3.5); state in SGLang's Mamba2 shape."""
     key_dim = num_k_heads * head_k_dim
     value_dim = num_v_heads * head_v_dim
     conv_dim = 2 * key_dim + value_dim
     proj = (2 * hidden * (2 * key_dim + 2 * value_dim) + 2 * hidden * 2 * num_v_heads
             + 2 * value_dim * hidden + 2 * conv_dim * d_conv)
     state = num_v_heads * head_k_dim * head_v_dim
-    rank_conv = _split(value_dim + 2 * _groups(num_k_heads, tp) * head_k_dim, tp,
-                       "conv channels")
+    rank_conv = _split(value_dim + 2 * _groups(num_k_heads, tp) * head_k_dim, tp, "conv channels")
     return SSMLayer("gdn",
                     temporal_elems=_split(num_v_heads, tp, "value heads") * head_k_dim * head_v_dim,
                     conv_elems=rank_conv * (d_conv - 1),
@@ -227,11 +191,7 @@ def gdn_layer(hidden, num_k_heads, num_v_heads, head_k_dim, head_v_dim, d_conv, 
 
 
 def kda_layer(hidden, num_heads, head_dim, d_conv, state_bytes, conv_bytes, tp=1) -> SSMLayer:
-    """Kimi Delta Attention (Kimi-Linear): q, k, v, the per-channel gate and beta
-    projections, a short conv over q, k, v, the delta rule with a per-channel decay
-    (~8 FLOPs per state element), a gated out_proj. State (SGLang's
-    ``KimiLinearStateShape``): (heads/tp, head_dim, head_dim) temporal, (d_conv - 1) x 3 x
-    heads*head_dim/tp conv."""
+    """Kimi Delta Attention (~8 FLOPs per state element); ``KimiLinearStateShape``."""
     proj_dim = num_heads * head_dim
     proj = (2 * hidden * 3 * proj_dim  # q, k, v
             + 2 * hidden * head_dim + 2 * head_dim * proj_dim  # low-rank decay gate f
@@ -247,9 +207,7 @@ def kda_layer(hidden, num_heads, head_dim, d_conv, state_bytes, conv_bytes, tp=1
 
 
 def short_conv_layer(hidden, d_conv, conv_bytes, tp=1) -> SSMLayer:
-    """LFM2's gated short convolution: in_proj to B, C, x (3 x hidden), a depthwise conv of
-    width ``d_conv`` over B*x, C gating, out_proj. State: only the conv window, (hidden/tp,
-    d_conv - 1) (SGLang's ``Lfm2Config.mamba2_cache_params``: state size 0)."""
+    """LFM2's gated short convolution: only a conv window of state."""
     proj = 2 * hidden * 3 * hidden + 2 * hidden * d_conv + 2 * hidden * hidden
     return SSMLayer("short_conv", temporal_elems=0,
                     conv_elems=_split(hidden, tp, "conv channels") * (d_conv - 1),

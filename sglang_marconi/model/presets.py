@@ -1,11 +1,6 @@
-"""Named model presets.
-
-- ``paper-7b``: the Marconi paper's 7B hybrid exactly (4 attention, 24 Mamba, 28 MLP layers,
-  D = 4096, N = 128, fp16, the paper's own FLOP formulas and state layout).
-- one preset per hybrid architecture SGLang serves whose config class the pinned
-  transformers ships, named after its ``model_type``; the layer pattern and sizes are that
-  class's defaults, with ``PRESET_OVERRIDES`` where the defaults are not hybrid.
-"""
+"""Named model presets: ``paper-7b`` (the Marconi paper's 7B hybrid exactly) and one preset
+per hybrid architecture SGLang serves whose config class the pinned transformers ships,
+named after its ``model_type`` (the class's defaults, with ``PRESET_OVERRIDES``)."""
 from __future__ import annotations
 
 from sglang_marconi.errors import UserError
@@ -18,8 +13,7 @@ PAPER_N = 128
 
 
 def paper_7b(dtype: str | None = None) -> HybridModelSpec:
-    """The paper's model: attention 8LD^2 + 4L^2D, MLP 16LD^2, Mamba 12LD^2 + 16LDN + 10LD;
-    state per Mamba layer D*N + (2D + 2N)*4 elements (conv window of 4), fp16."""
+    """The paper's model and FLOP formulas exactly (fp16, conv window of 4)."""
     dtype = dtype or "float16"
     b = dtype_bytes(dtype)
     D, N = PAPER_D, PAPER_N
@@ -80,8 +74,7 @@ def preset_config(name: str):
 
 
 def preset_spec(name: str, dtype: str | None = None, **server) -> HybridModelSpec:
-    """A preset as a server holds it; ``server``: ``spec_from_hf_config``'s flags
-    (``kv_cache_dtype``, ``mamba_ssm_dtype``, ``tp_size``; paper-7b takes none)."""
+    """A preset as a server holds it; ``server``: ``spec_from_hf_config``'s flags."""
     if name == "paper-7b":
         if any(v not in (None, 1) for v in server.values()):
             raise UserError("paper-7b is the paper's model: it takes no server dtype or "

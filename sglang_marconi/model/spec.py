@@ -1,16 +1,5 @@
-"""``HybridModelSpec``: what a hybrid model's cache entries weigh and what a hit saves.
-
-A spec is an ordered list of layers (attention, SSM, MLP/MoE) built from a Hugging Face
-config (see ``configs``), a named preset (see ``presets``), or by hand. Every number the
-policy and simulator use comes from here:
-
-- ``kv_bytes_per_token``: KV of one token across all attention layers;
-- ``ssm_state_bytes``: one SSM checkpoint (temporal + conv state of every SSM layer);
-  both as one tensor-parallel rank's pools hold them (``tp_size``, ``cache_dtypes``);
-- ``prefill_flops(L)``: FLOPs to prefill L tokens from scratch;
-- ``flops_saved(T, P)``: FLOPs a hit of length T saves over a hit of length P, which is
-  ``prefill_flops(T) - prefill_flops(P)`` (attention's quadratic term included).
-"""
+"""``HybridModelSpec``: what a hybrid model's cache entries weigh (``kv_bytes_per_token``,
+``ssm_state_bytes``, one rank's) and what a hit saves (``flops_saved``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -92,8 +81,7 @@ class HybridModelSpec:
 
     @cached_property
     def config_state_bytes(self) -> int:
-        """A cached state's bytes as the layers and dtypes give them (int8 checkpoints:
-        the checkpoint pool's)."""
+        """A cached state's bytes from the layers and dtypes (int8: the checkpoint's)."""
         if self.int8_checkpoints:
             return self.int8_checkpoint_bytes
         return self.full_state_bytes
@@ -109,20 +97,13 @@ class HybridModelSpec:
         return sum(x.int8_checkpoint_bytes for x in self.ssm_layers)
 
     def with_int8_checkpoints(self) -> "HybridModelSpec":
-        """This spec with cached states in SGLang's int8 checkpoint pool
-        (``--enable-int8-mamba-checkpoint``): what eviction ranks and frees."""
+        """This spec with cached states in SGLang's int8 checkpoint pool."""
         return replace(self, int8_checkpoints=True)
 
     def with_pool_bytes(self, kv_bytes_per_token: int, state_bytes: int) -> "HybridModelSpec":
         """This spec with the bytes a server's pools were measured to hold (0 keeps)."""
         return replace(self, pool_kv_bytes_per_token=int(kv_bytes_per_token),
                        pool_state_bytes=int(state_bytes))
-
-    def sequence_bytes(self, tokens: int, checkpoint_every: int | None = None) -> int:
-        """KV of ``tokens`` tokens plus one SSM checkpoint every ``checkpoint_every`` tokens
-        (the vLLM-style every-block policy the paper contrasts with)."""
-        states = tokens // checkpoint_every if checkpoint_every else 0
-        return tokens * self.kv_bytes_per_token + states * self.ssm_state_bytes
 
     # -- FLOPs -----------------------------------------------------------------------------
     @cached_property

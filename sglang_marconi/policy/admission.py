@@ -1,20 +1,6 @@
-"""Marconi's admission rule: which positions of a request get an SSM-state checkpoint.
-
-The single home of the rule: the simulator calls ``plan_checkpoints``, the SGLang cache
-``branch_checkpoint`` (through ``snapshot_admission``).
-
-- Purely-input reuse: the branch point that a speculative insertion of the request's input
-  finds (where the input leaves the tree in the middle of an edge, or at a node that has
-  children but no state) gets a checkpoint, rounded down to the checkpoint grid, if it lies
-  beyond the hit.
-- Input-plus-output reuse: the state after the last token whose KV exists (input + output
-  minus the last sampled token), rounded down to the grid, which is also where the cached
-  sequence ends: the tree gets the sequence only up to its last state.
-- At most ``max_states`` new checkpoints per request, the branch point first.
-
-The ``block`` rule is the vLLM+ baseline: a checkpoint at every block boundary.
-
-"""
+"""Marconi's admission rule, its single home: a checkpoint at the branch point a speculative
+insertion finds and at the last state whose KV exists (on the grid, beyond the hit, at most
+``max_states``); ``block`` is the vLLM+ baseline."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,8 +24,7 @@ def cached_length(input_len: int, output_len: int, grid: int = 1) -> int:
 
 def branch_checkpoint(input_len: int, hit_len: int, branch_len: int | None, grid: int = 1,
                       max_states: int = 2) -> int:
-    """The mid-prompt position to checkpoint during this prefill (0: none): the branch point
-    rounded down to the grid, when it lies beyond the hit and inside the input."""
+    """The mid-prompt position to checkpoint now (0: none): the branch point on the grid."""
     if grid < 1:
         raise ValueError(f"checkpoint grid must be >= 1, got {grid}")
     branch = _floor(branch_len, grid) if branch_len else 0

@@ -1,12 +1,5 @@
-"""Choosing alpha (the weight of FLOP efficiency against recency) from the live trace.
-
-The paper's bootstrap: record requests until the first eviction; once k times that many
-requests have been seen (k = ``multiplier``, 5 by default, 15 for short-turn chat), replay the
-recorded window on fresh copies of the cache for a grid of alphas (0 to 2 step 0.1) and keep
-the alpha that saves the most prefill FLOPs (ties: the smallest alpha, i.e. closest to LRU).
-It is fitted once. The replay itself is supplied by the caller (``replay(window, alpha) ->
-FLOPs saved``: the simulator's ``PrefixCache``).
-"""
+"""The paper's bootstrap choice of alpha: after ``multiplier`` times the requests before the
+first eviction, replay that window for alphas 0 to 2 and keep the best (ties: the smallest)."""
 from __future__ import annotations
 
 from sglang_marconi.policy import defaults
@@ -42,8 +35,7 @@ class AlphaTuner:
             self.first_eviction_at = max(1, len(self.window))
 
     def observe_request(self, request) -> float | None:
-        """Record a finished request; returns the new alpha when the tuning completes with
-        this request, else None."""
+        """Record a finished request; the new alpha when tuning completes, else None."""
         if self.tuned:
             return None
         self.window.append(request)

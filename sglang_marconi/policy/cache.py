@@ -1,16 +1,5 @@
-"""``PrefixCache``: a byte-budgeted hybrid prefix cache driven one request at a time.
-
-It ties together the tree (``tree``), the admission rule (``admission``), FLOP-aware
-eviction (``scoring``) and alpha tuning (``alpha``), and keeps the statistics the simulator
-reports. It holds no tensors: ``on_evict`` lets a caller keep real states keyed by node id
-(the exactness check does).
-
-Per request: ``plan = begin(input_tokens)`` (match, speculative insertion: where to
-checkpoint during prefill), then ``finish(plan, full_tokens)`` with the tokens whose KV
-exists at the end (input + output minus the last sampled token): admission, eviction to make
-room, insertion. The byte budget is never exceeded: when eviction cannot free enough, the
-request's admission is cut back to its branch-point state, or to nothing, and counted.
-"""
+"""``PrefixCache``: a byte-budgeted hybrid prefix cache driven one request at a time (``begin``,
+then ``finish``), holding no tensors; the budget is never exceeded."""
 from __future__ import annotations
 
 import itertools
@@ -80,18 +69,9 @@ class RequestPlan:
 
 
 class PrefixCache:
-    """A hybrid prefix cache with Marconi (or vLLM+ block) admission and scored eviction.
-
-    ``alpha`` is a number (0 = LRU), ``"auto"`` (bootstrap tuning) or ``"online"`` (shadow
-    caches, ``online`` = dict of ``OnlineAlpha`` options). ``capacity_bytes=None``
-    is unlimited. ``admission``: "marconi" or "block" (vLLM+: a state every ``block`` tokens).
-
-    ``marconi+`` options: ``reuse_weight`` (a ``ReuseWeight``: victims ranked by expected FLOPs
-    saved per byte, with GDSF aging instead of normalised recency), ``ghost_tokens`` (a
-    ``GhostIndex`` of that many tokens finds branch points past evictions) and
-    ``end_threshold`` (end-of-request states admitted only while their measured reuse rate
-    is at least this; needs the ghost index).
-    """
+    """A hybrid prefix cache with Marconi (or vLLM+ ``block``) admission and scored eviction;
+    ``alpha``: a number (0 = LRU), ``"auto"`` or ``"online"``; ``capacity_bytes=None``:
+    unlimited; marconi+: ``reuse_weight``, ``ghost_tokens``, ``end_threshold``."""
 
     def __init__(self, spec: CostModel, capacity_bytes: int | None = None, alpha=0.0,
                  admission: str = "marconi", grid: int = 1, block: int = 32,
@@ -195,11 +175,7 @@ class PrefixCache:
                                 self.max_states)
 
     def _end_position(self, plan: RequestPlan, full_len: int, adm) -> int:
-        """Where the request's end-of-request state is, or would be had the state cap not
-        given its only slot to the branch point (0: no new end state). The ghost index
-        marks it and ``end_usefulness`` counts it: the reuse rate of end states is a
-        property of the traffic, not of what was admitted. With two or more states per
-        request this is the last planned position."""
+        """Where the end-of-request state is or would be (0: none)."""
         if self.admission != "marconi":
             return adm.cached_len
         n = len(plan.input_tokens)
@@ -207,8 +183,7 @@ class PrefixCache:
         return end if end > plan.hit_len else 0
 
     def _observe_ghost_answer(self, plan: RequestPlan, end: int) -> None:
-        """marconi+: count the finished request in the learned rates (end states, chain
-        states), from what the ghost index knew of its input."""
+        """marconi+: count the finished request in the learned rates."""
         if self.end_usefulness is not None:
             self.end_usefulness.observe_request(plan.reaches_end, bool(end))
         if self.reuse_weight is not None and self.reuse_weight.observe_request(plan.ghost):
@@ -247,8 +222,7 @@ class PrefixCache:
         return out
 
     def _insert_first_fitting(self, plan: RequestPlan, full: np.ndarray, attempts) -> dict:
-        """Insert the first of ``attempts`` (state positions, the preferred first) that fits
-        once room is made; {position: node} of its states ({} when none fits: rejected)."""
+        """Insert the first of ``attempts`` that fits once room is made ({}: none)."""
         out: dict = {}
         for i, positions in enumerate(attempts):
             seq = full[:positions[-1]]
@@ -289,16 +263,12 @@ class PrefixCache:
             return False
         if tree.bytes_used + needed <= self.capacity:
             return True
-        # Protect the part of the tree this request reuses (its matched path up to the last
-        # fully matched node: the hit is on it); a partially matched edge may be evicted, the
-        # bytes needed are then recomputed.
+        # Protect the matched path up to the last fully matched node (the hit is on it)
         guard = tree.match(seq).kv_node
         tree.lock(guard)
         try:
-            # Evicting can only raise ``needed`` (it may free a node this request would have
-            # reused), never lower it: evict against the last value and recompute only when
-            # it says there is room. The same victims as recomputing after every eviction,
-            # without an O(positions) walk per evicted node (vllm+ plans ~1,000 positions).
+            # Evicting can only raise ``needed``: evict against the last value and recompute
+            # only when it says there is room (the same victims as recomputing every time).
             while True:
                 while tree.bytes_used + needed > self.capacity:
                     if not self._evict_one():

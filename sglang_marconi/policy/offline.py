@@ -1,17 +1,5 @@
-"""``offline``: a reference that knows the future (never call it optimal).
-
-Eviction is Belady-style weighted by what a hit saves per byte: among the candidates, evict
-the one with the lowest FLOP efficiency / (requests until its next use); a candidate never
-used again has value 0 and goes first. "Next use" of a node's state is the next request whose
-input (minus its last token) starts with the node's path and, for a one-child node, does not
-also reach its child's state. Admission is Marconi's plus the ghost index, with the
-end-of-request state kept only if a future request reaches it.
-
-Choosing what to keep under a byte budget when items have sizes and values is knapsack-like:
-this greedy rule is a heuristic (``tests/test_beyond.py`` measures its gap to the optimum
-over eviction choices on tiny traces). The eviction scan is O(candidates) per evicted
-node: a reference, not a product.
-"""
+"""``offline``: a reference that knows the future (never call it optimal): Belady-style eviction
+weighted by FLOPs saved per byte, end states kept only if a future request reaches them."""
 from __future__ import annotations
 
 from bisect import bisect_right
@@ -25,8 +13,7 @@ from sglang_marconi.policy.tree import RadixTree, as_tokens
 
 
 class FutureIndex:
-    """For any prefix: the sorted indices of the requests whose key (input minus its last
-    token, what a hit may cover) starts with it."""
+    """For any prefix: the sorted indices of the requests whose key starts with it."""
 
     def __init__(self, inputs):
         keys = [as_tokens(t)[:max(0, len(t) - 1)] for t in inputs]

@@ -1,16 +1,5 @@
-"""Alpha that follows the traffic (``marconi:alpha=online``).
-
-A few shadow caches, each a metadata-only ``PrefixCache`` with one fixed alpha, see the
-same request stream as the real cache. Every ``period`` requests the real cache compares the
-FLOPs each shadow saved over the last ``window`` requests and moves to the best alpha if it
-beats the shadow of the alpha in use by more than ``hysteresis`` (relative), so noise does
-not make it flap. Shadows can be miniature (``sample``): only requests whose first token
-hashes into the sample go to them, with the capacity scaled by the same rate; prefixes never
-span two first tokens, so this spatial sampling keeps each sampled prefix family whole.
-
-The bootstrap tuner (``alpha``) fits once; this keeps fitting, at the price of the shadows'
-bookkeeping.
-"""
+"""Alpha that follows the traffic (``marconi:alpha=online``): shadow caches, one per alpha; every
+``period`` requests move to the best one if it beats the current by ``hysteresis``."""
 from __future__ import annotations
 
 from sglang_marconi.policy import defaults
@@ -32,8 +21,7 @@ class OnlineAlpha:
     def __init__(self, make_shadow, alphas=DEFAULT_ALPHAS, window: int = defaults.ONLINE_WINDOW,
                  period: int = defaults.ONLINE_PERIOD,
                  hysteresis: float = defaults.ONLINE_HYSTERESIS,
-                 sample: float = defaults.ONLINE_SAMPLE,
-                 initial: float = 0.0):
+                 sample: float = defaults.ONLINE_SAMPLE, initial: float = 0.0):
         if not alphas or window <= 0 or period <= 0 or not 0 < sample <= 1:
             raise ValueError("online alpha: need alphas, window > 0, period > 0, 0 < sample <= 1")
         self.alphas = tuple(float(a) for a in alphas)

@@ -1,14 +1,5 @@
-"""The radix tree of a hybrid-model prefix cache (metadata only: no tensors).
-
-Each node holds the tokens of its edge (whose KV it owns) and at most one SSM-state
-checkpoint, taken at the end of its edge. A hit ends only at a node with a state; the match
-also reports the longest KV-only match, which is what speculative insertion uses to find
-branch points. Eviction candidates (kept in a ``VictimQueue``) are unlocked nodes with no
-children (evicting deletes the node: its state and its own KV) and unlocked nodes with one
-child and a state (evicting drops the state; the edge then merges into the child).
-
-Token sequences are numpy int64 arrays; an edge comparison is one vectorised compare.
-"""
+"""The radix tree of a hybrid-model prefix cache (metadata only): a node holds its edge's tokens
+and at most one SSM checkpoint at its end; a hit ends only at a node with a state."""
 from __future__ import annotations
 
 import itertools
@@ -39,9 +30,8 @@ def common_prefix_len(a: np.ndarray, b: np.ndarray) -> int:
 
 
 class Node:
-    __slots__ = ("id", "parent", "children", "tokens", "prefix_len", "has_state",
-                 "last_access", "lock_ref", "hits", "max_children", "hit_score",
-                 "last_hit", "__weakref__")
+    __slots__ = ("id", "parent", "children", "tokens", "prefix_len", "has_state", "last_access",
+                 "lock_ref", "hits", "max_children", "hit_score", "last_hit", "__weakref__")
 
     def __init__(self, node_id: int, parent, tokens: np.ndarray, now: float):
         self.id = node_id
@@ -96,8 +86,7 @@ class RadixTree:
 
     # ---- lookup ---------------------------------------------------------------------------
     def match(self, tokens, limit: int | None = None) -> Match:
-        """Walk ``tokens`` down the tree. ``hit_len`` is capped at ``limit`` tokens (an engine
-        must compute at least one token to get logits); ``kv_len``/``branch_len`` are not."""
+        """Walk ``tokens`` down the tree (``hit_len`` capped at ``limit``)."""
         tokens = as_tokens(tokens)
         limit = len(tokens) if limit is None else limit
         node, pos = self.root, 0
@@ -157,8 +146,7 @@ class RadixTree:
         return node.lock_ref <= 0 and self._evictable_shape(node)
 
     def efficiency(self, node: Node) -> float:
-        return ranked_efficiency(self.spec, self, node, self.freed_bytes(node),
-                                 self.value_weight)
+        return ranked_efficiency(self.spec, self, node, self.freed_bytes(node), self.value_weight)
 
     def refresh(self, node: Node) -> None:
         """Re-evaluate whether ``node`` is a candidate and its score."""
@@ -217,11 +205,7 @@ class RadixTree:
         return True
 
     def insert(self, tokens, state_positions, now: float) -> tuple[dict, int]:
-        """Insert ``tokens`` with states at ``state_positions`` (ascending, each <= len).
-
-        Returns ({position: node} for every position, new states count). Nodes created or
-        given a state get ``last_access = now``. Byte accounting is updated; the caller makes
-        room first (see ``bytes_to_insert``)."""
+        """Insert ``tokens`` with states at ``state_positions``: ({position: node}, new)."""
         tokens = as_tokens(tokens)
         wanted = sorted(set(int(p) for p in state_positions))
         node, pos = self.root, 0
@@ -287,9 +271,7 @@ class RadixTree:
 
     # ---- eviction ---------------------------------------------------------------------------
     def evict_one(self) -> tuple[str, Node] | None:
-        """Evict the lowest-utility candidate. Returns (action, node) with action "delete"
-        (leaf: state + own KV freed) or "drop_state" (one child: state freed, edge merged),
-        or None when nothing is evictable."""
+        """Evict the lowest-utility candidate: ("delete" | "drop_state", node) or None."""
         node = self.queue.pop_victim()
         if node is None:
             return None

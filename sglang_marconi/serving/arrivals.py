@@ -1,40 +1,19 @@
-"""Arrival times for the serving replay: the trace's timestamps, rescaled to an offered load.
-
-``--load L`` scales arrivals so that the trace's GPU work *without any cache hit*, by the
-full time model, takes ``L`` of the arrival span (``offered_seconds``):
-
-- every prefill from token 0: its FLOPs at ``mfu * peak``, plus one step overhead per
-  chunk of ``chunked_prefill_size`` tokens;
-- every output token: its share of a decode step that runs ``decode_batch`` sequences
-  (``GpuTimeModel.decode_seconds(B * context, B) / B``, at the request's mean context
-  ``input + output / 2``), where ``decode_batch`` is the largest batch the server can hold
-  (``max_running_requests``, and the KV pool over the mean sequence length).
-
-So ``L`` is the fraction of the server's *capacity* the traffic asks for: at ``L`` < 1 a
-server that batches its decodes fully keeps up without any cache hit. A continuous-batching
-server is busier than that in time: it runs a decode step whenever one request decodes,
-however small the batch, so the GPU's achieved busy fraction (``busy_fraction`` in the
-results) is above ``L``. (Before this, ``--load`` counted prefill FLOPs only and decode came
-on top: 0.8 overloaded the server.) A trace without timestamps (all equal: generators,
-session traces without ``ts``) gets seeded Poisson arrivals at that rate, and so does any
-trace with ``--arrivals poisson`` (its order kept, its timestamps ignored). ``--rate-scale S``
-is the raw alternative: timestamps times S (0: everything arrives at once).
-"""
+"""Arrival times for the serving replay: the trace's timestamps rescaled so that its GPU work
+without any cache hit takes ``--load`` of the arrival span, seeded Poisson arrivals at that
+rate, or ``--rate-scale`` times the timestamps."""
 from __future__ import annotations
 
 import numpy as np
 
 
 def decode_batch(requests, max_running_requests: int, kv_tokens: int) -> int:
-    """The largest decode batch the pools allow: ``max_running_requests``, and no more
-    sequences of the trace's mean length than the KV pool holds."""
+    """The largest decode batch the pools allow (requests and KV)."""
     mean_len = np.mean([len(r.input_ids) + max(1, r.output_len) for r in requests])
     return max(1, min(max_running_requests, int(kv_tokens // mean_len)))
 
 
 def offered_seconds(requests, time_model, batch: int, chunk: int = 8192) -> float:
-    """GPU seconds of every request with no hit: prefill from 0 (FLOPs + one step overhead
-    per chunk) and each output token's share of a decode step of ``batch`` sequences."""
+    """GPU seconds of every request with no hit (prefill from 0 and decode shares)."""
     seconds = 0.0
     overhead = time_model.gpu.step_overhead_s
     for r in requests:
@@ -43,17 +22,13 @@ def offered_seconds(requests, time_model, batch: int, chunk: int = 8192) -> floa
                     + overhead * -(-n_in // chunk))
         if n_out > 1:  # the prefill samples the first token
             context = n_in + n_out / 2
-            seconds += (n_out - 1) * time_model.decode_seconds(int(batch * context),
-                                                               batch) / batch
+            seconds += (n_out - 1) * time_model.decode_seconds(int(batch * context), batch) / batch
     return seconds
 
 
 def arrivals_for_load(timestamps, requests, time_model, load: float, seed: int = 0,
                       batch: int = 1, chunk: int = 8192, poisson: bool = False):
-    """Arrival seconds (sorted like ``timestamps``) for offered load ``load`` (> 0).
-    ``poisson``: seeded Poisson arrivals at that rate in the trace's order even where the
-    trace has timestamps (``--arrivals poisson``: the seed then varies the arrival process,
-    the requests and their order stay the trace's)."""
+    """Arrival seconds for offered load ``load`` (> 0), or seeded Poisson ones."""
     ts = np.asarray(timestamps, dtype=float)
     span = offered_seconds(requests, time_model, batch, chunk) / load
     t0 = ts.min() if len(ts) else 0.0

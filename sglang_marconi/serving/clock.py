@@ -1,18 +1,5 @@
-"""The cache's own CPU time, measured per scheduler step for the virtual clock.
-
-``CacheTimer`` wraps the tree cache instance's entry points (the calls SGLang's scheduler
-and allocation helpers make into it) with ``time.perf_counter``; nested calls are counted
-once. ``take()`` returns the seconds spent inside the cache since the previous ``take()``.
-With ``enabled=False`` nothing is wrapped and ``take()`` is always 0: the replay is then
-fully deterministic (the tests run so); with it on, the virtual clock includes this
-machine's measured bookkeeping time, so TTFTs vary slightly from run to run. The
-garbage collector's pauses inside a call (``gc_pauses``, the replay's own heap: a server's
-scheduler holds no trace) are not the cache's time: they are subtracted and reported apart.
-
-``cpu=True`` reads the thread's CPU time (``time.thread_time``) instead of the wall clock:
-on a shared machine a preempted call's wall time includes other processes' turns, which a
-server's scheduler core would not pay (``serve-sim --bookkeeping cpu``).
-"""
+"""The cache's own CPU time per scheduler step for the virtual clock: ``CacheTimer`` wraps the
+cache's entry points (nested calls once, GC pauses apart); ``enabled=False`` is deterministic."""
 from __future__ import annotations
 
 import functools
@@ -22,9 +9,7 @@ from sglang_marconi.harness.timing import GCPauses
 
 ENTRY_POINTS = ("match_prefix", "checkpoint", "evict", "insert", "inc_lock_ref",
                 "dec_lock_ref", "lock", "unlock", "free_kv_row", "on_release",
-                # the eviction the scheduler's own allocations run (alloc_for_extend, decode
-                # allocation, Mamba slot reclaim: SGLang's allocators call the cache's
-                # evict_for_alloc; uncounted before 2026-12-02)
+                # the eviction SGLang's own allocators run through the cache
                 "evict_for_alloc",
                 # the scheduler's HiCache calls (called only with a host tier)
                 "init_load_back", "ready_to_load_host_cache", "check_hicache_events",

@@ -1,27 +1,6 @@
-"""Several SGLang replicas behind a router, on one virtual clock (``serve-sim --replicas N``).
-
-Each replica is a ``ServingScheduler`` with its own pools and cache. Requests are taken in
-arrival order; before routing the one arriving at ``t``, every replica runs its steps that
-start before ``t`` (a step starting at ``t`` or later could take the new request, exactly as
-a single server takes a request that arrived before its step). The router then sees the
-in-flight counts the real sglang-router keeps: a request counts from the moment it is
-routed until its replica has sent the whole response (finished or aborted, at or before
-``t``; ``serving/router.py`` cites where the binary increments and decrements). Requests
-go to the chosen replica's queue, and the loop goes on; after the last arrival every
-replica runs to the end. With one replica the steps are the ones ``run_serving`` takes
-(tests/test_cluster.py checks it request by request). Each replica keeps its own copy of
-SGLang's process-global access-time counter (``harness.ab.OwnAccessClock``), as a replica
-is a server process of its own: marconi normalises recency by its range, which the other
-replicas' ticks would change.
-
-Belief gap (cache_aware): per request, the tokens the router believed the replica would
-reuse minus the tokens the replica really reused at the request's first admission: what its
-tree matched when it routed on that match (the cache-hit path; 0 on the load paths, where it
-claimed no reuse), converted from characters to whole tokens of the ``input_ids`` text.
-
-A router that hears the replicas' responses subclasses ``Cluster`` (``listen``, ``decide``):
-the research routers under scripts/lib/marconi_routing do.
-"""
+"""Several SGLang replicas behind a router on one virtual clock (``serve-sim --replicas N``):
+each replica runs its steps before a request is routed and keeps its own access-time counter;
+with one replica the steps are ``run_serving``'s."""
 from __future__ import annotations
 
 import contextlib
@@ -67,12 +46,10 @@ class Cluster:
         return len(self.open[k])
 
     def listen(self, t: float) -> None:
-        """What the router hears from the replicas before it routes at ``t``: nothing
-        (sglang-router's policies see only the in-flight counts)."""
+        """What the router hears before routing at ``t``: nothing (in-flight counts only)."""
 
     def decide(self, rr, loads) -> tuple:
-        """(the router's ``Decision`` for ``rr``, the tokens it believed the chosen replica
-        would reuse; None: it keeps no tree)."""
+        """(the router's ``Decision`` for ``rr``, the tokens it believed would be reused)."""
         decision = self.router.route(text_for_input_ids(rr.input_ids), loads)
         believed = None
         if self.router.name == "cache_aware":
@@ -100,8 +77,7 @@ class Cluster:
         return routed
 
     def run(self, requests, arrivals, progress: Optional[Callable] = None) -> None:
-        """Routes and runs every request; stops when a replica's SGLang scheduler crashes
-        (``crash`` names the replica and what it raised)."""
+        """Route and run every request; stops when a replica's scheduler crashes."""
         order = sorted(range(len(requests)), key=lambda i: (arrivals[i], i))
         with contextlib.ExitStack() as stack:
             for sched in self.replicas:
@@ -132,8 +108,7 @@ class Cluster:
 
 
 def cluster_arrivals(setup, requests, replicas: int, load, rate_scale):
-    """``--load`` is the cluster's: a replica's no-hit busy time (prefill and decode, as
-    ``serving.arrivals`` counts it for one server) over ``replicas`` x the span."""
+    """``--load`` is the cluster's: a replica's no-hit busy time over replicas x span."""
     if rate_scale is not None:
         return arrivals_scaled(setup.timestamps, rate_scale)
     batch = decode_batch(requests, setup.sched.max_running_requests, setup.pools.kv_tokens)
@@ -205,8 +180,7 @@ def run_cluster(cache_name: str, router_name: str, requests, setup, replicas: in
     t0 = time.perf_counter()
     cluster.run(requests, times, progress)
     summary = summarize_cluster(cluster, setup.spec, cache_name, router_name,
-                                load if rate_scale is None else None,
-                                time.perf_counter() - t0)
+                                load if rate_scale is None else None, time.perf_counter() - t0)
     if rate_scale is not None:
         summary["rate_scale"] = rate_scale
     return summary, cluster

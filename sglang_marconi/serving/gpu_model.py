@@ -1,32 +1,11 @@
-"""The virtual clock's time model of one forward step on a GPU (uncalibrated).
-
-- prefill (extend) step: the cost model's FLOPs of the tokens computed, attention over the
-  cached context included (``spec.prefill_flops(end) - spec.prefill_flops(start)`` per
-  request: the ``b*L^2`` term of the difference is the new tokens' attention over the
-  whole context), divided by ``mfu * dense peak``;
-- decode step: a roofline, ``max(bytes / (hbm_efficiency * bandwidth), flops / (mfu *
-  peak))``; bytes = the weights once (active parameters, ``spec``'s linear FLOPs per token
-  / 2, times the dtype's bytes) + the KV of every running sequence + every request's SSM
-  state read and written; flops = 2 * active parameters per token + attention over the
-  context;
-- every step adds ``step_overhead_s`` (scheduling, launch, sampling);
-- with a host tier (HiCache) an extend step that loads prefixes back from host takes
-  max(forward, bytes loaded / ``pcie_bytes_s``): SGLang copies them layer by layer on its
-  own stream while the forward runs, each layer waiting only for its own layer's copy
-  (docs/serving.md, "Host tier").
-
-Presets: ``model.gpus`` (datasheet peaks and bandwidths, assumed efficiencies). MoE models: the
-weights read per decode step are the *active* parameters (a lower bound when a large batch
-touches every expert).
-"""
+"""The virtual clock's time model of one forward step on a GPU (uncalibrated): prefill FLOPs
+over ``mfu * peak``, a decode roofline, a fixed step overhead, and host load-backs overlapped
+with the forward. Presets: ``model.gpus``."""
 from __future__ import annotations
 
-# the presets live in model.gpus and the host link's cost in policy.host_tier (the SGLang
-# cache reads them too); re-exported here for the serving replay and its callers
-from sglang_marconi.model.gpus import (DEFAULT_HOST_GPU, OVERRIDABLE, PRESETS,  # noqa: F401
-                                       GpuPreset, preset)
+# the presets live in model.gpus (the SGLang cache reads them too); re-exported here
+from sglang_marconi.model.gpus import PRESETS, GpuPreset, preset  # noqa: F401
 from sglang_marconi.model.spec import dtype_bytes
-from sglang_marconi.policy.host_tier import host_link_preset  # noqa: F401
 
 
 class GpuTimeModel:
@@ -48,9 +27,7 @@ class GpuTimeModel:
         return self.spec.prefill_flops(end) - self.spec.prefill_flops(start)
 
     def prefill_seconds(self, flops: float, load_s: float = 0.0) -> float:
-        """An extend step; ``load_s``: its host -> device load-back (HiCache), which runs
-        beside the forward, layer by layer (docs/serving.md, "Host tier"): the step takes
-        the longer of the two."""
+        """An extend step: the longer of its forward and its host load-back ``load_s``."""
         return max(flops / self.prefill_flops_s, load_s) + self.gpu.step_overhead_s
 
     def load_seconds(self, nbytes: float) -> float:

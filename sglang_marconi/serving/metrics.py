@@ -1,30 +1,6 @@
-"""One serving run's numbers, from the scheduler's request and step records.
-
-TTFT = first token - arrival; queue = start of the first prefill step - arrival; rates
-over the makespan (first arrival at 0 to the last event); hits and FLOPs saved from each
-request's match at its first admission (what that prefill skipped); step-weighted means
-weight each step by its duration on the virtual clock (GPU + measured cache time).
-
-Load and time under the loop:
-- ``busy_fraction``: the GPU's busy time inside the arrival window (first to last arrival)
-  over that window: what ``--load`` aims at, achieved (``arrivals``: above the load, since
-  small decode batches cost a whole step); ``gpu_busy_fraction`` is the same over the whole
-  makespan (the drain after the last arrival included);
-- ``cpu_critical_fraction``: the fraction of forward steps the GPU waited for the CPU
-  before (``StepRecord.exposed_cpu_s`` > 0): in the normal loop every step with any CPU
-  time; under overlap the steps where processing k-1 + scheduling k took longer than
-  forward k-1, the first batch after idle, a batch after a drained result;
-  ``cpu_exposed_s_total`` sums that wait;
-- ``backlog_growth``: over the later half of the arrivals, the least-squares slope of the
-  number of requests in the server when each arrives (``RequestRecord.backlog``) against
-  its arrival time, divided by the arrival rate there: the fraction of arriving requests
-  that stay in the server instead of being served. A stable server's backlog does not grow
-  (about 0); one that cannot keep up keeps about ``1 - capacity / demand`` of them.
-  ``overloaded`` when it exceeds ``OVERLOAD_GROWTH`` (0.1). SGLang admits prefills first,
-  so an overloaded server starves its decodes: queueing delay stays flat while requests
-  pile up in the running batch, which is why the backlog, not the queue, is watched.
-  Not defined for arrivals all at one instant (0).
-"""
+"""One serving run's numbers from the scheduler's request and step records: TTFT, queueing,
+rates over the makespan, hits and FLOPs saved at first admission, busy and CPU-critical
+fractions, and ``backlog_growth`` (``overloaded`` above ``OVERLOAD_GROWTH``)."""
 from __future__ import annotations
 
 import numpy as np
@@ -44,14 +20,12 @@ def busy_in_window(steps, t0: float, t1: float) -> float:
     """The GPU's busy fraction of [t0, t1] (0 for an empty window)."""
     if t1 <= t0:
         return 0.0
-    busy = sum(max(0.0, min(t1, s.gpu_start + s.gpu_s) - max(t0, s.gpu_start))
-               for s in steps)
+    busy = sum(max(0.0, min(t1, s.gpu_start + s.gpu_s) - max(t0, s.gpu_start)) for s in steps)
     return busy / (t1 - t0)
 
 
 def backlog_growth(recs) -> float:
-    """Requests left in the server per request arriving, over the later half of ``recs``
-    (``RequestRecord``s) by arrival (0 with fewer than 4 there or one arrival instant)."""
+    """Requests left in the server per request arriving, over the later half."""
     late = sorted(recs, key=lambda r: r.arrival)[len(recs) // 2:]
     x = np.array([r.arrival for r in late])
     if len(late) < 4 or np.ptp(x) == 0:
@@ -130,12 +104,7 @@ def summarize(sched, spec, cache: str, load, wall_s: float) -> dict:
 
 
 def host_stats(sched, spec) -> dict:
-    """With a host tier: ``host_hit_tokens`` and the ``host`` section, ``ab``'s (hits
-    loaded back and the FLOPs they saved beyond the device hit, tokens and states loaded
-    and backed up, bytes, host evictions, L3 tokens fetched) plus the clock's share
-    (``load_s_total``: load-back seconds of every extend step; ``load_exposed_s_total``:
-    the part longer than the step's forward, what the load added to the clock), the
-    device's evictions, and the TTFT of the requests that loaded from host. {} without."""
+    """With a host tier: its hits, ``ab``'s ``host`` section, load-back time ({} without)."""
     if sched.host is None:
         return {}
     recs = [r for r in sched.records.values() if r.hit_len is not None]
@@ -145,15 +114,12 @@ def host_stats(sched, spec) -> dict:
                         sum(r.storage_hit_len for r in sched.records.values()))
     loads = [s for s in sched.steps if s.load_s > 0]
     ttft = [r.first_token - r.arrival for r in hits if r.first_token is not None]
-    host.update(
-        requests_with_host_hits=len(hits),
-        steps_with_loads=len(loads),
-        load_s_total=sum(s.load_s for s in loads),
-        load_exposed_s_total=sum(s.load_exposed_s for s in loads),
-        device_kv_tokens_evicted=sched.device.kv_tokens_evicted,
-        device_states_evicted=sched.device.states_evicted,
-        ttft_host_hit_p50_s=quantile(ttft, 0.50),
-        ttft_host_hit_p95_s=quantile(ttft, 0.95))
+    host.update(requests_with_host_hits=len(hits), steps_with_loads=len(loads),
+                load_s_total=sum(s.load_s for s in loads),
+                load_exposed_s_total=sum(s.load_exposed_s for s in loads),
+                device_kv_tokens_evicted=sched.device.kv_tokens_evicted,
+                device_states_evicted=sched.device.states_evicted,
+                ttft_host_hit_p50_s=quantile(ttft, 0.50), ttft_host_hit_p95_s=quantile(ttft, 0.95))
     return {"host_hit_tokens": host["hit_tokens"], "host": host}
 
 
@@ -163,9 +129,7 @@ def ttfts(sched) -> list:
 
 
 def bookkeeping_ratios(runs) -> list:
-    """Each cache's total bookkeeping over stock's (the compiled tree core, SGLang's
-    default) and over stock-python's (stock's policy on the python tree core every custom
-    component runs on), per load (or rate scale), where those runs are present."""
+    """Each cache's total bookkeeping over stock's and stock-python's, per load."""
     by_point: dict = {}
     for r in runs:
         by_point.setdefault(r.get("load", r.get("rate_scale")), {})[r["cache"]] = r

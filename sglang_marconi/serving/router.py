@@ -1,36 +1,6 @@
-"""sglang-router 0.3.2's routing policies (cache_aware, round_robin, random) in Python.
-
-A router sees the request text and the workers' in-flight counts, nothing else: no worker
-tells it what it cached. Sources are the Rust files of exactly 0.3.2 (the sdist
-``sglang_router-0.3.2.tar.gz`` on PyPI), cited by path and line:
-
-- ``request_text``: for ``/generate`` the ``text`` field as sent, else ``input_ids``
-  joined by single spaces (``src/protocols/generate.rs`` 214-237);
-- in-flight load: incremented after the policy chose (``WorkerLoadGuard::new``,
-  ``src/core/worker.rs`` 1114-1130; created only for cache_aware and manual,
-  ``src/routers/http/router.rs`` 294-296), decremented when the worker's response body
-  has been read, before the client gets it (``router.rs`` 573-593, guard drop at
-  ``worker.rs`` 1133-1140). round_robin and random keep no load;
-- worker order: the registry's iteration order (``router.rs`` 141-157,
-  ``src/core/worker_registry.rs`` 455-460, a DashMap keyed by random UUIDs): callers pass
-  the workers in the order the binary lists them (``GET /workers``);
-- defaults: what ``smg launch --help`` of the 0.3.2 wheel prints (cache threshold 0.3,
-  balance abs 64, rel 1.5, eviction every 60 s to 2^26 characters per worker), not the
-  ``CacheAwareConfig::default`` in ``src/policies/mod.rs`` 98-108 (0.5 / 32 / 1.1 / 30 /
-  10000), which the CLI overrides.
-
-cache_aware (``src/policies/cache_aware.rs``, ``select_worker`` 351-483):
-1. imbalance: ``(max - min) > abs`` AND ``max > rel * min`` over all workers' loads, in
-   f32 (364-372); then the least loaded worker, first on ties (Rust ``min_by_key``),
-   and the text is inserted for it (287-346);
-2. else match the text in the tree; rate = matched / input characters (f32, 0 for an
-   empty text, 396-400); rate > threshold (strict) routes to the tenant of the matched
-   node (403-409), else to the least loaded worker, first on ties (410-415);
-3. insert the text for the chosen worker on both paths (420, and 313-321 when imbalanced);
-4. every ``eviction_interval_secs`` a background thread trims each worker's characters to
-   ``max_tree_size`` (100-123): ``tick(now)`` here runs the evictions whose time has come.
-Start-up inserts ``""`` once per worker (``init_workers``, 142-164), which takes epochs.
-"""
+"""sglang-router 0.3.2's routing policies (cache_aware, round_robin, random) in Python, rule by
+rule from the Rust sources (cited by path and line): a router sees the request text and the
+workers' in-flight counts, nothing else; defaults are ``smg launch --help``'s."""
 from __future__ import annotations
 
 import random
@@ -52,8 +22,7 @@ def text_for_input_ids(input_ids: Sequence[int]) -> str:
 
 
 def tokens_within_chars(input_ids: Sequence[int], chars: int) -> int:
-    """How many leading tokens of ``input_ids`` lie wholly inside the first ``chars``
-    characters of ``text_for_input_ids(input_ids)`` (the router's belief, in tokens)."""
+    """Leading tokens of ``input_ids`` wholly inside the first ``chars`` characters."""
     count, end = 0, 0
     for token in input_ids:
         end += len(str(int(token)))
@@ -179,8 +148,7 @@ class RoundRobinRouter:
 
 
 class RandomRouter:
-    """``src/policies/random.rs`` 21-37: uniform over the workers (seeded here; the binary's
-    thread RNG is not reproducible, so random is not held to conformance)."""
+    """``src/policies/random.rs`` 21-37: uniform over the workers (seeded here)."""
 
     name = "random"
 
@@ -196,14 +164,7 @@ class RandomRouter:
 
 
 class DataParallelRoundRobin(RoundRobinRouter):
-    """SGLang 0.5.23's in-server data parallelism (``--dp-size N``): its
-    ``DataParallelController`` dispatches each tokenized request to a DP rank, by default
-    (``--load-balance-method auto`` -> ``round_robin`` outside PD disaggregation,
-    ``srt/arg_groups/serving_hook.py`` 217-234) with ``round_robin_scheduler``
-    (``srt/managers/data_parallel_controller.py`` 880-899): a counter modulo the active
-    ranks, a rank whose status is down skipped. No rank is ever down here, so the choice is
-    the counter's, as sglang-router's round_robin; each rank is its own scheduler with its
-    own pools and radix cache (one GPU each)."""
+    """SGLang 0.5.23's ``--dp-size N`` default round robin over DP ranks."""
 
     name = "dp_round_robin"
 
@@ -214,8 +175,7 @@ class DataParallelRoundRobin(RoundRobinRouter):
 
 
 def make_router(name: str, workers: Sequence[str], seed: int = 0, **cache_aware_options):
-    """cache_aware, round_robin, random or dp_round_robin for ``workers`` (cache_aware takes
-    the threshold options)."""
+    """cache_aware, round_robin, random or dp_round_robin for ``workers``."""
     if name == "cache_aware":
         return CacheAwareRouter(workers, **cache_aware_options)
     if name == "round_robin":

@@ -1,42 +1,6 @@
-"""sglang-router 0.3.2's approximate radix tree over characters, re-implemented in Python.
-
-The router's cache_aware policy keeps one such tree per model: the text of every request it
-routed, tagged with the workers ("tenants") it sent it to. Nothing here knows what a worker
-really caches. Every rule below cites the Rust source of exactly 0.3.2, the sdist
-``sglang_router-0.3.2.tar.gz`` (sha256 bdbea1d5...fe73d), file ``src/policies/tree.rs``
-(``tree.rs`` below); read it, do not trust this file over it.
-
-What is faithful, rule by rule:
-- a node holds a text, children keyed by their first character, a tenant -> last-access
-  epoch map, its parent and a cached "last tenant" (tree.rs 230-244);
-- epochs come from one counter incremented on every call that takes one (tree.rs 218-228):
-  a new leaf, the end node of an insert, and every prefix match;
-- ``insert`` (tree.rs 362-528): the tenant is added to the root with epoch 0; on a partial
-  edge match the node is split, the new upper node copying the lower one's tenant map and
-  last tenant (tree.rs 441-460); a tenant entering an existing (or split) node without
-  ending there gets epoch 0 there; the node where the text ends gets a fresh epoch; a new
-  leaf gets a fresh epoch and its creator as last tenant. ``last_tenant`` is never
-  updated by an insert into an existing node, so it names the node's creator;
-- ``prefix_match`` (tree.rs 531-620): follow full edge matches; a partial match still
-  selects that node. The answer's tenant is the node's cached last tenant while it still
-  holds that tenant, else the first one of the node's tenant map (a DashMap: its order is
-  a hash order, so that choice is flagged ``ambiguous`` here when it has several
-  candidates). The node's access epoch for that tenant is refreshed only when the epoch
-  taken by the match is a multiple of 8 (``epoch & 0x7 == 0``, tree.rs 603-606);
-- ``evict_tenant_by_size`` (tree.rs 718-821): the leaves of every tenant in a min-heap by
-  epoch; pop while the tenant's character count exceeds the cap, drop the tenant from the
-  node (and the node when it is left empty), and push the parent when it becomes the
-  tenant's leaf. Ties between equal epochs pop in Rust's heap order, which depends on a
-  DashMap iteration order; here they pop in push order (documented difference).
-- character counts per tenant (``tenant_char_count``) are updated exactly where tree.rs
-  updates them, including ``saturating_sub`` on eviction.
-
-Checked against the binary by tests/test_router_conformance.py (routing, and eviction on a
-script whose outcome does not depend on when the binary's eviction thread fires).
-
-Characters are Unicode code points in both languages (a Python ``str`` index is a Rust
-``char``), so lengths and splits agree for any text.
-"""
+"""sglang-router 0.3.2's approximate radix tree over characters (``src/policies/tree.rs``, cited
+by line), re-implemented in Python; differences: equal epochs pop in push order, a hash-order
+tenant choice is flagged ``ambiguous``. Checked against the binary."""
 from __future__ import annotations
 
 import heapq
@@ -70,8 +34,7 @@ class PrefixMatch:
 
 
 def shared_prefix_len(a: str, b: str) -> int:
-    """Characters ``a`` and ``b`` share from the start (tree.rs 289-317), by bisection on
-    slice equality (C-speed compares; the texts can be long)."""
+    """Characters ``a`` and ``b`` share from the start (tree.rs 289-317), by bisection."""
     hi = min(len(a), len(b))
     if a[:hi] == b[:hi]:
         return hi
@@ -86,11 +49,7 @@ def shared_prefix_len(a: str, b: str) -> int:
 
 
 class CharTree:
-    """The multi-tenant character radix tree of tree.rs (single-threaded).
-
-    ``first_epoch`` is the epoch counter's value before the first call: the binary's counter
-    is process-global (tree.rs 218) and start-up registration already takes some.
-    """
+    """The multi-tenant character radix tree of tree.rs (single-threaded)."""
 
     def __init__(self, first_epoch: int = 0):
         self.root = Node("", None, {}, None)
@@ -207,14 +166,3 @@ class CharTree:
                 heapq.heappush(heap, (parent.tenant_epoch[tenant], seq, tenant, parent))
                 seq += 1
         return removed
-
-    def used_size_per_tenant(self) -> Dict[str, int]:
-        """``get_used_size_per_tenant`` (tree.rs 905-929): recount by walking the tree."""
-        sizes: Dict[str, int] = {}
-        stack = [self.root]
-        while stack:
-            node = stack.pop()
-            for tenant in node.tenant_epoch:
-                sizes[tenant] = sizes.get(tenant, 0) + len(node.text)
-            stack.extend(node.children.values())
-        return sizes

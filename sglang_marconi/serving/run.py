@@ -1,10 +1,6 @@
-"""Serving runs: one (cache, load) pair on fresh pools, and the grid of them.
-
-Pools come from ``driver.sizing.size_pools`` (SGLang's rules for a ``--cache-gb`` budget);
-each cache is built by ``harness.ab.make_cache`` (the A/B's caches: same classes, same
-settings, the same host tier when ``PoolConfig.hicache_*`` asks for one), so a serving run
-and an ``ab`` column differ only in the scheduler around them.
-"""
+"""Serving runs: one (cache, load) pair on fresh pools sized by ``driver.sizing``, with caches
+from ``harness.ab.make_cache``, so a serving run and an ``ab`` column differ only in the
+scheduler around them; and the grid of them."""
 from __future__ import annotations
 
 import contextlib
@@ -39,10 +35,7 @@ class ServeSetup:
 
 def pool_config(sizes, max_context_len: int, chunked_prefill_size: int = 8192,
                 mamba_track_interval: int = 256, overlap: bool = True) -> PoolConfig:
-    """The CPU pools for SGLang's ``PoolSizes`` (unified mode: ``max_mamba_cache_size`` and
-    the KV tokens the buffer could hold; the buffer itself, and from it the allocator's
-    slot ids, is ``ServeSetup.unified``). ``overlap``: the scheduler loop, which sizes a
-    running request's ping-pong track buffer (2 slots under overlap, 1 without)."""
+    """The CPU pools for SGLang's ``PoolSizes`` (``overlap``: the track buffer's slots)."""
     return PoolConfig(kv_tokens=sizes.kv_tokens, mamba_slots=sizes.mamba_slots,
                       page_size=sizes.page_size, max_context_len=max_context_len,
                       max_running_requests=sizes.max_running_requests,
@@ -65,8 +58,7 @@ def offered_batch(setup: ServeSetup, requests) -> int:
 
 def run_serving(name: str, requests, setup: ServeSetup, load=None, rate_scale=None,
                 progress: Optional[Callable] = None, after_step=None, on_launch=None):
-    """One run; returns (summary dict, the scheduler with its records). ``after_step`` and
-    ``on_launch``: ``ServingScheduler``'s hooks (tests)."""
+    """One run: (summary dict, the scheduler); ``after_step``/``on_launch``: its hooks."""
     cfg = ABConfig(pools=setup.pools, spec=setup.spec, settings=setup.settings,
                    unified=setup.unified, l3=setup.l3)
     with contextlib.ExitStack() as stack:  # the L3 store lives for the run
@@ -81,8 +73,7 @@ def run_serving(name: str, requests, setup: ServeSetup, load=None, rate_scale=No
 
 
 def run_summary(name, sched, setup: ServeSetup, requests, load, rate_scale, wall) -> dict:
-    """``metrics.summarize`` of one run, with the rate scale or the decode batch the
-    load counted with."""
+    """``metrics.summarize`` of one run, with its rate scale or decode batch."""
     summary = summarize(sched, setup.spec, name, load if rate_scale is None else None, wall)
     if rate_scale is not None:
         summary["rate_scale"] = rate_scale
@@ -93,21 +84,9 @@ def run_summary(name, sched, setup: ServeSetup, requests, load, rate_scale, wall
 
 def run_interleaved(names, requests, setup: ServeSetup, load=None, rate_scale=None,
                     progress: Optional[Callable] = None) -> list:
-    """Every cache of ``names`` at one load, their schedulers stepped in turn (one loop
-    iteration each per round, the first of the round rotating) in one process; returns
-    [(summary, scheduler)].
-
-    Each run is the one ``run_serving`` makes (its own pools, cache, virtual clock and the
-    same arrivals; each cache keeps its own copy of SGLang's process-global access-time
-    counter, ``harness.ab.OwnAccessClock``), so with ``--bookkeeping off`` the runs are the
-    runs made one after the other; with bookkeeping measured only the measured times
-    differ, and that is the point: a shared machine's speed drifts by tens of percent over
-    minutes, runs made one after the other each see a different part of the drift, while
-    interleaved runs see the same, so ratios of their bookkeeping are not the drift's. The
-    collector's pauses are the process's (every run's GC columns count all of them; each
-    run's cache time still leaves out the pauses inside it); ``wall_s`` is the whole
-    interleaved run's; every cache is alive at once (memory: the sum of the runs').
-    """
+    """Every cache of ``names`` at one load, their schedulers stepped in turn in one process:
+    [(summary, scheduler)], each run ``run_serving``'s, so that a shared machine's speed
+    drift hits every cache's measured time alike."""
     cfg = ABConfig(pools=setup.pools, spec=setup.spec, settings=setup.settings,
                    unified=setup.unified, l3=setup.l3)
     times = arrivals(setup, requests, load, rate_scale)
@@ -157,10 +136,7 @@ def run_interleaved(names, requests, setup: ServeSetup, load=None, rate_scale=No
 
 def run_grid(requests, setup: ServeSetup, caches, loads, rate_scale=None,
              show_progress: bool = True, interleave: bool = False) -> dict:
-    """Every cache at every load (or at ``rate_scale``): ``{"runs": [...], "ttft": {...}}``
-    (``ttft``: sorted per-request TTFTs by "cache@load", for the plots). ``interleave``:
-    the caches of one load run side by side (``run_interleaved``), not one after the
-    other."""
+    """Every cache at every load (or ``rate_scale``); ``interleave``: side by side."""
     runs, curves = [], {}
     points = [(None, rate_scale)] if rate_scale is not None else [(x, None) for x in loads]
     for load, scale in points:
@@ -169,8 +145,7 @@ def run_grid(requests, setup: ServeSetup, caches, loads, rate_scale=None,
             label = f"{len(caches)} caches@{at}"
             with tqdm(total=len(requests) * len(caches), desc=f"{label:>16}", unit="req",
                       disable=not show_progress, leave=False) as bar:
-                pairs = run_interleaved(caches, requests, setup, load, scale,
-                                        progress=bar.update)
+                pairs = run_interleaved(caches, requests, setup, load, scale, progress=bar.update)
             for name, (summary, sched) in zip(caches, pairs):
                 runs.append(summary)
                 curves[f"{name}@{at}"] = ttfts(sched)
@@ -192,9 +167,7 @@ def run_grid(requests, setup: ServeSetup, caches, loads, rate_scale=None,
 
 def run_cluster_grid(requests, setup: ServeSetup, replicas: int, routers, caches, loads,
                      rate_scale=None, router_options=None, show_progress: bool = True) -> list:
-    """Every router x cache at every load (or at ``rate_scale``) on ``replicas`` replicas
-    (``serving.cluster``); returns the summaries. ``router_options``: router name -> its
-    keyword options (a router not named gets its defaults)."""
+    """Every router x cache at every load (or ``rate_scale``) on ``replicas`` replicas."""
     runs = []
     points = [(None, rate_scale)] if rate_scale is not None else [(x, None) for x in loads]
     for load, scale in points:

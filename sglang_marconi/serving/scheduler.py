@@ -1,63 +1,6 @@
-"""SGLang 0.5.23's scheduler loop on CPU, with a virtual clock instead of a forward pass.
-
-``ServingScheduler.step`` is one iteration of SGLang's scheduler loop:
-
-- ``Scheduler.event_loop_overlap`` (scheduler.py:2061-2134, SGLang's default, and so
-  serve-sim's): ingest; ``get_next_batch_to_run`` forms batch k (matches, admission,
-  allocation, evictions, retraction) while the result of batch k-1 is still queued; launch
-  k and queue ``(batch.copy(), result)``; then process k-1's result. So a request that
-  finished in k-1 keeps its KV row, state slots and tree lock while k is formed, a
-  prefill's requests are merged into the next decode before their first token is on the
-  CPU, requests the queued result finishes by length are left out of k
-  (``_reqs_finishing_inflight``, 4444-4457), a stop-token finisher is decoded once more
-  (one KV slot of overshoot, freed by ``release_kv_cache``), and a request retracted while
-  its result was queued has that result skipped (batch_result_processor.py 343-349,
-  1022-1027);
-- ``Scheduler.event_loop_normal`` (2026-2060, ``--disable-overlap-schedule``): ingest,
-  ``get_next_batch_to_run``, run the batch, ``process_batch_result``.
-
-Only this outer loop is written here, in SGLang's order and
-with the line numbers of the installed 0.5.23 cited at each part; every decision inside
-it is SGLang's own code, called on the real cache and pools of ``driver.pools``:
-
-- ``SchedulePolicy.calc_priority`` (queue order: fcfs, SGLang's default, or lpm...);
-- ``PrefillAdder`` (admission: chunked prefill, the token budget with
-  ``new_token_ratio``, Mamba-slot budgets, ``max_running_requests``, ``max_prefill_tokens``;
-  ``add_chunked_req``, ``add_one_req``);
-- ``ScheduleBatch.init_new`` / ``prepare_for_extend`` / ``filter_batch`` /
-  ``merge_batch`` / ``check_decode_mem`` / ``retract_decode`` / ``prepare_for_decode``;
-- ``NewTokenRatioTracker``; ``checkpoint_kv_cache`` / ``release_kv_cache``.
-
-What cannot run on CPU, and its replacement:
-- the forward pass (``run_batch``): the GPU time model (``gpu_model``) advances the clock,
-  and each request's next output token is the trace's (``ReplayRequest.output_ids``);
-- under overlap, the future map (the next batch reads the previous batch's sampled tokens
-  on the GPU), the forward/schedule streams and their events (``copy_done``, the WAR
-  barrier): the queued result carries the virtual time its forward ends, and processing it
-  first waits for that time (``copy_done.synchronize()``, brp 267-268, 957-958). A step
-  costs max(forward k, CPU of processing k-1 + scheduling k+1) on the clock; the CPU time
-  the GPU waited for is recorded per step (``StepRecord.exposed_cpu_s``);
-- ``prepare_for_decode`` ends with ``track_mask_cpu.pin_memory()`` (schedule_batch.py:3830),
-  which needs a CUDA driver: ``Tensor.pin_memory`` is an identity during that call;
-- ``process_batch_result_{prefill,decode}`` (scheduler_components/batch_result_processor.py)
-  are methods of the scheduler object (streaming, logprobs, metrics, grammar): the few
-  lines that touch the cache are followed here (cited in ``_process_batch_result``),
-  the decode-track ping-pong with its overlap lookahead in ``_track_decode_state``.
-With a host tier (``--enable-hierarchical-cache``: the cache built with SGLang's HiCache,
-``driver.pools``) the scheduler's HiCache calls are made where SGLang's scheduler makes them
-(``driver.host_tier``): ``check_hicache_events`` at the top of ``get_next_batch_to_run``
-(``_process_hicache_events``, 3878-3898), the load-back of a host hit inside SGLang's own
-``PrefillAdder.add_one_req`` (``init_load_back``, schedule_policy.py 1470-1571: nothing to
-add here), ``ready_to_load_host_cache`` before ``prepare_for_extend`` (4352-4355), and with
-an L3 store the prefetch on arrival (``_prefetch_kvcache``, 3342-3392), waited for there (the
-L3 read is not on the clock: ``wait_complete`` holds the request until it is done, and this
-CPU build has no storage bandwidth to charge). The batch's load-back bytes go on the clock
-(``GpuTimeModel.prefill_seconds``: max(forward, load)).
-
-Disabled features (SGLang's defaults here): mixed chunk, priority scheduling, LoRA,
-speculative decoding, DP attention, PD disaggregation; the consecutive-prefill
-overlap switch (``SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP``) is off, as by default.
-"""
+"""SGLang 0.5.23's scheduler loop (``event_loop_overlap`` / ``event_loop_normal``) on CPU with a
+virtual clock instead of a forward pass: only the outer loop is written here, with SGLang's
+line numbers; every decision inside it is SGLang's own code on the real cache and pools."""
 from __future__ import annotations
 
 import contextlib
@@ -83,10 +26,8 @@ from sglang_marconi.harness.timing import GCPauses
 from sglang_marconi.serving.clock import CacheTimer
 
 
-# the first words of the RuntimeErrors SGLang's allocators raise when a batch's memory is
-# not there (mem_cache/allocation.py: alloc_token_slots, alloc_paged_token_slots_extend,
-# the decode allocation, alloc_req_slots); the scheduler process, and so the server, exits
-# on them
+# the first words of the RuntimeErrors SGLang's allocators raise when memory runs out
+# (mem_cache/allocation.py): the scheduler process, and so the server, exits on them
 SGLANG_OOM_PREFIXES = ("Prefill out of memory", "Decode out of memory", "Out of memory",
                        "alloc_req_slots runs out of memory")
 
@@ -123,8 +64,7 @@ class SchedulerConfig:
 
 @contextlib.contextmanager
 def _unpinned_host_memory():
-    """CPU-only torch cannot pin host memory, which SGLang's decode preparation asks for a
-    staging tensor: the tensor is used unpinned (the CPU stand-in for a CUDA host)."""
+    """CPU-only torch cannot pin host memory: staging tensors are used unpinned."""
     pin = torch.Tensor.pin_memory
     torch.Tensor.pin_memory = lambda t, *a, **k: t
     try:
@@ -221,9 +161,7 @@ class ServingScheduler:
         self.ingested = self.completed = 0  # requests arrived / finished or aborted
         self.crash: Optional[str] = None      # what SGLang raised, when the server died
         # before raising out of memory SGLang's allocators print the whole radix tree
-        # (``tree_cache.pretty_print()``, allocation.py 169/245/619; the compiled tree core
-        # writes to the descriptor itself), which would bury the table or break --json:
-        # serve-sim reports the crash instead (``crash``)
+        # (allocation.py 169/245/619), which would break --json: ``crash`` reports it instead
         cache.pretty_print = lambda: None
 
     # -- the loops ----------------------------------------------------------------------
@@ -233,8 +171,7 @@ class ServingScheduler:
                     or (self.last_batch is not None and not self.last_batch.is_empty()))
 
     def step(self) -> None:
-        """One loop iteration. An SGLang allocation failure (the scheduler process of a
-        real server exits on it) is recorded in ``crash`` and raised as ``ServerCrash``."""
+        """One loop iteration; an SGLang allocation failure raises ``ServerCrash``."""
         if self.crash is not None:
             raise ServerCrash(self.crash)
         try:
@@ -333,8 +270,7 @@ class ServingScheduler:
             self.after_step(self)
 
     def submit(self, arrival: float, rr) -> None:
-        """Add one request arriving at ``arrival`` (no earlier than any pending one): a
-        router hands requests over one by one (``serving.cluster``)."""
+        """Add one request arriving at ``arrival`` (no earlier than any pending)."""
         if self.pending and arrival < self.pending[0][0]:
             raise ValueError(f"{rr.rid} arrives at {arrival}, before a pending request")
         self.pending.insert(0, (arrival, rr))
@@ -344,8 +280,7 @@ class ServingScheduler:
         return self.ingested - self.completed
 
     def run(self, progress=None) -> None:
-        """Steps until every request is done, or until SGLang crashes the server
-        (``crash`` says how; the requests left are neither finished nor aborted)."""
+        """Steps until every request is done, or SGLang crashes the server."""
         reported = 0
         with self.gc:
             while not self.done():
@@ -527,8 +462,7 @@ class ServingScheduler:
                                     truncation_align_size=None)
             if res != AddReqResult.CONTINUE:
                 if res == AddReqResult.NO_TOKEN:
-                    running.batch_is_full = (len(adder.can_run_list) > 0
-                                             or not running.is_empty())
+                    running.batch_is_full = (len(adder.can_run_list) > 0 or not running.is_empty())
                 added = bool(adder.can_run_list) and req is adder.can_run_list[-1]
                 if not added:
                     req.kv.mamba_cow_src_index = None
@@ -611,8 +545,7 @@ class ServingScheduler:
 
     # -- run_batch: the GPU time model ---------------------------------------------------
     def _load_bytes(self) -> float:
-        """Bytes the controller queued host -> device since the last call (KV tokens and
-        states in the model's sizes, as ``ab``'s host section counts them)."""
+        """Bytes the controller queued host -> device since the last call."""
         if self.host is None:
             return 0.0
         now = (self.host.kv_tokens_loaded, self.host.states_loaded)
@@ -626,15 +559,12 @@ class ServingScheduler:
         flops = sum(self.tm.extend_flops(r.prefix_len, r.extend_end) for r in batch.reqs)
         load_bytes = batch.host_load_bytes
         load_s = self.tm.load_seconds(load_bytes)
-        self._step_load = (load_bytes, load_s,
-                           max(0.0, load_s - flops / self.tm.prefill_flops_s))
+        self._step_load = (load_bytes, load_s, max(0.0, load_s - flops / self.tm.prefill_flops_s))
         return self.tm.prefill_seconds(flops, load_s)
 
     # -- process_batch_result (scheduler.py:5074-5100) -----------------------------------
     def _process_batch_result(self, batch) -> None:
-        """The cache's lines of ``process_batch_result_prefill`` (brp 281-450) and
-        ``process_batch_result_decode`` (brp 952-1100) for a batch as it was launched (under
-        overlap the queued ``batch.copy()``, processed one step later)."""
+        """The cache's lines of ``process_batch_result_prefill`` / ``_decode`` (brp)."""
         decode = batch.forward_mode.is_decode()
         for i, req in enumerate(batch.reqs):
             if decode:
@@ -667,11 +597,7 @@ class ServingScheduler:
                 checkpoint_kv_cache(req, self.cache)         # prefill 384-386
 
     def _track_decode_state(self, batch, i: int, req) -> None:
-        """brp 1376-1427 and ``_mamba_prefix_cache_update`` (1527-1580), non-lazy, no
-        speculative decoding. ``lookahead`` is 1 when the next decode batch was prepared
-        before this result (overlap): the snapshot this step completed is at
-        ``kv_committed_len - lookahead``, and ``mamba_track_mask_next_cpu`` tells whether
-        the batch already in flight is at a boundary (then the next slot is swapped now)."""
+        """brp 1376-1427 and ``_mamba_prefix_cache_update`` (1527-1580)."""
         if batch.mamba_track_mask_cpu is None or req.kv.mamba_ping_pong_track_buffer is None:
             return                                           # no extra_buffer
         completed = bool(batch.mamba_track_mask_cpu[i])

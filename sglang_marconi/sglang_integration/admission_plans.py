@@ -1,15 +1,5 @@
-"""Per-request admission plans of the Marconi cache, tied to the request's lifetime.
-
-A match (``on_match``) plans which of the request's states the tree will keep; the MAMBA
-component asks ``admit_intermediate`` / ``admit_final`` when SGLang inserts one, and the
-rule that answers is the policy package's (``policy.snapshot_admission``). The plan lives on the
-request object itself (``req.marconi_plan``), never in a table of the cache: a request that
-SGLang drops without releasing its KV (aborted while waiting: ``scheduler.abort_request``
-pops it from the waiting queue, and ``release_kv_cache`` returns before ``on_release``
-when it holds no KV) takes its plan with it. A release (finish, abort while running,
-retraction) detaches the plan (``take_plan``); a retracted request re-matches and gets a
-new one. ``live_plans`` (a weak set) counts the plans still reachable, for the leak tests.
-"""
+"""Per-request admission plans of the Marconi cache, kept on the request (``req.marconi_plan``)
+so a request dropped unreleased takes its plan along; ``live_plans`` counts those reachable."""
 from __future__ import annotations
 
 import weakref
@@ -30,8 +20,7 @@ class AdmissionPlans(SnapshotAdmission):
         self._matched_node = None  # set by the MAMBA component during a match walk
 
     def on_match(self, req, result, ghost=None) -> None:
-        """A request matched (possibly again, while it waits): plan its branch state.
-        ``ghost`` (marconi+): the ghost index's answer for its input (``GhostAnswer``)."""
+        """A request matched (maybe again): plan its branch state."""
         hit = result.device_prefix_len
         # without the extra buffer no prefill snapshots a branch: the plan has none
         branch_len = result.mamba_branching_seqlen if self.extra_buffer else None
@@ -67,16 +56,13 @@ class AdmissionPlans(SnapshotAdmission):
         return adm
 
     def admit_intermediate(self, req, position: int) -> bool:
-        """A snapshot SGLang inserts during the prefill (``policy.snapshot_admission``); the
-        last prefill chunk of a request that decodes is published now
-        (``checkpoint_kv_cache`` after every unfinished prefill), not only at finish."""
+        """A snapshot SGLang inserts during the prefill (``policy.snapshot_admission``)."""
         input_len = len(req.origin_input_ids)
         return self.offer_intermediate(self._admission(req), position,
                                        req.extend_end >= input_len, input_len)
 
     def admit_final(self, req, position: int) -> bool:
-        """The finished request's state, which SGLang inserts at ``position`` (the last
-        snapshot under extra_buffer, the KV length without it)."""
+        """The finished request's state, which SGLang inserts at ``position``."""
         return self.offer_final(self._admission(req), position, len(req.origin_input_ids))
 
     def snapshot_rejected(self) -> None:

@@ -12,9 +12,7 @@ logger = logging.getLogger("sglang_marconi.cache")
 
 
 def model_spec(model_config, server_args=None):
-    """The cost model (``HybridModelSpec``) of the served model, from its HF config and the
-    server's ``--kv-cache-dtype`` / ``--tp-size`` (``--mamba-ssm-dtype`` reaches it as
-    ``SGLANG_MAMBA_SSM_DTYPE``, which SGLang sets from the flag)."""
+    """The served model's cost model, from its HF config and the server's flags."""
     from sglang_marconi.model import spec_from_hf_config
 
     hf = getattr(model_config, "hf_text_config", None) or model_config.hf_config
@@ -32,30 +30,22 @@ def model_spec(model_config, server_args=None):
 
 
 def marconi_cache_factory(ctx, settings: MarconiSettings | None = None):
-    """Build ``MarconiUnifiedRadixCache`` the way SGLang builds its default hybrid cache.
-
-    ``settings`` default to ``SGLANG_MARCONI_SETTINGS``, which the plugin's flag hook
-    exported in the launcher (scheduler processes inherit them).
-    """
-    from sglang.srt.mem_cache.registry import (
-        create_unified_radix_cache,
-        default_radix_cache_factory,
-    )
+    """``MarconiUnifiedRadixCache``, built the way SGLang builds its hybrid cache."""
+    from sglang.srt.mem_cache.registry import (create_unified_radix_cache,
+                                               default_radix_cache_factory)
     from sglang.srt.runtime_context import get_memory, get_server_args
 
     from sglang_marconi.sglang_integration.cache import MarconiUnifiedRadixCache
 
     if not ctx.is_hybrid_ssm:
         arch = getattr(ctx.model_config.hf_config, "architectures", None) or ["this model"]
-        raise ValueError(f"--cache-policy marconi needs a hybrid attention+SSM model; "
-                         f"{arch[0]} has no SSM/linear-attention layers "
-                         "(use --cache-policy lru)")
+        raise ValueError(f"--cache-policy marconi needs a hybrid attention+SSM model; {arch[0]} "
+                         "has no SSM/linear-attention layers (use --cache-policy lru)")
     if ctx.is_hybrid_swa:
         raise ValueError("--cache-policy marconi does not support sliding-window hybrids")
     if ctx.disable_radix_cache:
-        # A PD decode server: SGLang turns the radix cache off after flag validation
-        # (a user's --disable-radix-cache is refused at start-up). No prefix cache, no
-        # policy: stock behaviour.
+        # A PD decode server: SGLang turns the radix cache off after flag validation; no
+        # prefix cache, no policy: stock behaviour.
         logger.info("--cache-policy marconi: the radix cache is disabled here (e.g. a "
                     "PD decode server); using SGLang's default cache")
         return default_radix_cache_factory(ctx)
@@ -73,9 +63,7 @@ def marconi_cache_factory(ctx, settings: MarconiSettings | None = None):
 
 
 def native_cache_factory(ctx, memory):
-    """Entry point for SGLang patched with ``patches/sglang-0.5.23-cache-policy.patch``:
-    the settings come from its native fields (``memory`` namespace), one per flag of
-    ``MarconiSettings`` (``options.flag_fields``), the rest internal defaults."""
+    """Entry point for SGLang patched with ``patches/sglang-0.5.23-cache-policy.patch``."""
     from sglang_marconi.sglang_integration.options import DEPRECATED_POLICIES, flag_fields
 
     policy = getattr(memory, "cache_policy", "marconi")

@@ -1,10 +1,6 @@
-"""``MarconiUnifiedRadixCache``: SGLang's ``UnifiedRadixCache`` with Marconi's policy.
-
-The tree, locks, pools and the scheduler interface are SGLang's; the subclass swaps in
-the Marconi MAMBA and FULL components (``components``: scored eviction, admission) and
-keeps what they consult in a ``policy_state.MarconiPolicyState``. Admission and scoring
-rules come from ``sglang_marconi.policy``; nothing here re-implements them.
-"""
+"""``MarconiUnifiedRadixCache``: SGLang's ``UnifiedRadixCache`` with the Marconi MAMBA and FULL
+components and a ``policy_state.MarconiPolicyState``; the rules come from
+``sglang_marconi.policy``, nothing here re-implements them."""
 from __future__ import annotations
 
 import dataclasses
@@ -15,10 +11,8 @@ from typing import Optional
 from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
-from sglang_marconi.sglang_integration.components import (
-    MarconiFullComponent,
-    MarconiMambaComponent,
-)
+from sglang_marconi.sglang_integration.components import (MarconiFullComponent,
+                                                          MarconiMambaComponent)
 from sglang_marconi.sglang_integration import unified
 from sglang_marconi.sglang_integration.options import MarconiSettings
 from sglang_marconi.sglang_integration.policy_state import MarconiPolicyState
@@ -29,14 +23,12 @@ logger = logging.getLogger("sglang_marconi.cache")
 
 
 def checkpoint_pool(params):
-    """SGLang's int8 checkpoint pool (``--enable-int8-mamba-checkpoint``), or None: where
-    the cached states live when it is on (stock and Marconi alike)."""
+    """SGLang's int8 checkpoint pool, or None: where cached states live when on."""
     return getattr(params.req_to_token_pool, "mamba_ckpt_pool", None)
 
 
 def _spec_in_pool_bytes(spec, params):
-    """``spec`` with the bytes the server's pools hold (logged; a disagreement with the
-    cost model is a warning, and the pools' bytes are what the policy uses)."""
+    """``spec`` with the bytes the server's pools hold (a disagreement is logged)."""
     ckpt = checkpoint_pool(params)
     state = (pool_bytes.checkpoint_bytes_per_slot(ckpt) if ckpt is not None
              else pool_bytes.state_bytes_per_slot(params.req_to_token_pool.mamba_pool))
@@ -122,8 +114,7 @@ class MarconiUnifiedRadixCache(UnifiedRadixCache):
                 self.components[ct].queue.set_tau(tau)
 
     def rekey_chains(self, is_chain) -> None:
-        """Re-key the chain nodes both victim queues hold (a FULL queue leaf is a chain
-        node when its one child lives on the host tier only)."""
+        """Re-key the chain nodes both victim queues hold."""
         for ct in (ComponentType.MAMBA, ComponentType.FULL):
             comp = self.components[ct]
             if comp.queue is None:
@@ -169,9 +160,7 @@ class MarconiUnifiedRadixCache(UnifiedRadixCache):
         return result
 
     def _extends_kv_leaf(self, result) -> bool:
-        """The KV match ends exactly at the end of a childless node without a state (a
-        KV-only leaf that eviction left behind): the request extends it, nothing branches.
-        A partial edge match splits the node, so its end then has a child."""
+        """The KV match ends exactly at a childless, stateless node's end."""
         node_id = result.last_visited_node_id
         if node_id is None:
             return False

@@ -1,62 +1,14 @@
-"""Marconi's tree components: SGLang's MAMBA and FULL components with scored eviction and
-Marconi admission. Lock accounting, splitting, matching and the tree walk are stock.
-
-MAMBA (the state pool, one slot per SSM checkpoint): the stock walk takes the least
-recently used unlocked state; here every unlocked state is ranked by the shared
-``VictimQueue`` (utility = norm(recency) + alpha * norm(FLOP efficiency)) and the lowest
-goes first. As in the stock walk, an evictable leaf is deleted (its KV with it) and any
-other node only loses its state (it stays as a KV-only tombstone). Recency is when the
-state was last inserted or consumed by a hit, the same events that move it in SGLang's
-MAMBA LRU list, so alpha = 0 is exactly the stock order. It is read on the cache's request
-clock (``MarconiPolicyState.clock``: one tick per request match), the simulator's clock,
-not on SGLang's node-event counter, which advances once per node on every matched path, so
-min-max normalised recency would depend on the tree's shape rather than on time. A hit is
-stamped with the clock, an insert half a tick later (after the latest match, before the
-next), so the order of stamps is the order of SGLang's MAMBA LRU list.
-
-FULL (the token pool): the stock walk pops evictable leaves oldest ``last_access_time``
-first; here the same leaves are ranked by the same utility with recency =
-``last_access_time``.
-
-Persistent queues: no eviction walk rescans the tree. Each component keeps one
-``VictimQueue`` for the life of the tree and re-keys a candidate only where its inputs
-change: the MAMBA queue holds the unlocked states (stamped at a hit or an insert,
-suspended while locked, dropped with the state); the FULL queue holds
-``evictable_device_leaves``, whose set reports every leaf that enters or leaves it
-(``_LeafSet``); a leaf's ``last_access_time`` moves on every match through it without a
-hook, so the FULL walk re-keys a popped leaf whose time has moved on and pops again (a
-later time only raises a key, so the order of what is evicted is the order of the current
-keys). A state that appears or goes changes the nearest checkpointed ancestor, hence the
-FLOP efficiency, of the states below it down to the next state: they are re-keyed then
-(``rekey_state_change``). Token depths are cached on the node (a node's end depth never
-changes: a split inserts a new parent and keeps the child's end), and so is a state's
-nearest checkpointed ancestor's depth (``cached_state_depth``: forgotten where
-``rekey_state_change`` runs, checked against a fresh walk by ``marconi_checks.invariants``).
-marconi+'s leaf-set hook (``children_changed``, on every lock and unlock along a path)
-re-keys a state only when its reuse weight moved. The min-max bounds of
-the normalisation are refreshed over the current candidates at the start of every walk
-(the paper's rule) while a queue holds at most ``MarconiSettings.renormalise_limit``
-candidates (1024: a bounded pass of simple arithmetic, no tree walks), and the
-simulator's amortised way above that, so an eviction costs O(log n) at any size.
-
-FLOP efficiency (``scoring.flop_efficiency``) = FLOPs a hit at the node saves over a hit
-at its nearest ancestor that still holds a state, per byte freed *in the pool being
-evicted*: one SSM state (``ssm_state_bytes``) in the state pool, the node's own KV tokens
-(``kv_bytes_per_token * tokens``) in the token pool. SGLang sizes the two pools
-separately, so a victim is ranked by what it gives back to the pool that is short.
-"""
+"""Marconi's tree components: SGLang's MAMBA and FULL components with scored eviction
+(``VictimQueue``: recency on the request clock, so alpha 0 is SGLang's LRU order) and
+Marconi admission; persistent queues re-keyed only where a candidate's inputs change."""
 from __future__ import annotations
 
 import heapq
 from operator import attrgetter
 
-from sglang.srt.mem_cache.unified_cache.components.base import (
-    CacheTransferPhase,
-    ComponentType,
-    EvictLayer,
-    InternalStateBackup,
-    LRURefreshPhase,
-)
+from sglang.srt.mem_cache.unified_cache.components.base import (CacheTransferPhase, ComponentType,
+                                                                EvictLayer, InternalStateBackup,
+                                                                LRURefreshPhase)
 from sglang.srt.mem_cache.unified_cache.components.full import FullComponent
 from sglang.srt.mem_cache.unified_cache.components.mamba import MambaComponent
 
@@ -101,12 +53,7 @@ def token_depth(node) -> int:
 
 
 def cached_state_depth(tree, node) -> int:
-    """``ranking.nearest_state_depth`` of ``node``, kept on the node. A node's nearest
-    checkpointed ancestor changes only when a state appears or goes between them (a split
-    inserts a node without a state; only leaves are deleted), and every such change runs
-    ``rekey_state_change``, which forgets the answers of the node that changed and of the
-    states below it down to the next state (``ranking.states_below``), the only nodes
-    whose answer it changes that rank above 0. For ``SGLANG_TREE`` (device states)."""
+    """``ranking.nearest_state_depth`` of ``node``, kept on it until a state moves."""
     d = getattr(node, STATE_DEPTH, None)
     if d is None:
         d = nearest_state_depth(tree, node)
@@ -115,10 +62,7 @@ def cached_state_depth(tree, node) -> int:
 
 
 def cached_flops_saved(spec, node) -> float:
-    """FLOPs a hit at ``node`` saves over its nearest checkpointed ancestor
-    (``spec.flops_saved`` of ``token_depth`` and ``cached_state_depth``), kept on the node
-    and forgotten with its state depth (a node's end depth never changes). One cost model
-    per tree (the cache's)."""
+    """FLOPs a hit at ``node`` saves over its nearest state, kept on the node."""
     f = getattr(node, SAVED, None)
     if f is None:
         f = spec.flops_saved(token_depth(node), cached_state_depth(SGLANG_TREE, node))
@@ -161,14 +105,12 @@ _node_id = attrgetter("id")
 
 
 def by_id(nodes) -> list:
-    """``nodes`` (a set) in creation order: SGLang numbers tree nodes as it creates them,
-    the same on every TP rank, where a set's order follows object addresses."""
+    """``nodes`` in creation order (the same on every TP rank, unlike a set's)."""
     return sorted(nodes, key=_node_id)
 
 
 def rekey_state_change(cache, node) -> None:
-    """``node`` gained or lost its state: re-key it in the FULL queue and the states whose
-    nearest checkpointed ancestor it now is or was (``ranking.states_below``, both queues)."""
+    """``node`` gained or lost its state: re-key it and the states below it."""
     mamba, full = cache.components[MAMBA], cache.components[FULL]
     forget_state_depth(node)
     full.track(node)
@@ -204,12 +146,9 @@ class _ScoredQueue:
     def _resync(self) -> None:
         """Before a per-walk renormalisation: inputs that move without a hook."""
 
-    # A victim the walk hands to SGLang is suspended, not popped: with HiCache's
-    # write_back its eviction can be declined (a failed backup under host pressure, a
-    # state backup whose victim changed meanwhile), and SGLang's walk then leaves it in
-    # place for the rest of the walk, as its LRU cursor moves past it. Evicted victims
-    # leave the queue through ``evict_component`` / the leaf set; the rest are resumed
-    # at the walk's end with the keys they had.
+    # A victim handed to SGLang's walk is suspended, not popped (under write_back its
+    # eviction can be declined); evicted ones leave through ``evict_component`` / the leaf
+    # set, the rest are resumed at the walk's end with the keys they had.
     def _hand_over(self, node) -> None:
         if self.queue.peek_victim() is node:
             self.queue.suspend_victim()  # the queue's top: aged as a pop (GDSF clock)
@@ -230,8 +169,7 @@ class _ScoredQueue:
     host_clock = None
 
     def _host_ranking(self, efficiency):
-        """``policy.host_tier.HostRanking`` of this component's host victims, or None to
-        keep SGLang's host LRU (``MarconiPolicyState.host_mode``)."""
+        """The ``HostRanking`` of this component's host victims, or None for SGLang's LRU."""
         policy = self.cache.marconi
         mode = policy.host_mode
         if mode is None:
@@ -241,8 +179,7 @@ class _ScoredQueue:
         return HostRanking(mode, efficiency, recency=lambda n: n.last_access_time,
                            alpha=policy.alpha, clock=self.host_clock)
 
-    def _evict_host_node(self, x, key, tracker, device_frees, host_frees,
-                         cache_actions) -> None:
+    def _evict_host_node(self, x, key, tracker, device_frees, host_frees, cache_actions) -> None:
         """A host leaf goes whole (SGLang's ``_evict_host_leaf``); anything else loses
         this component's host value (MAMBA: a host tombstone, as in SGLang's host walk)."""
         core = self.tree_core
@@ -253,9 +190,8 @@ class _ScoredQueue:
             core._evict_component_and_detach_lru(
                 x, self, target=EvictLayer.HOST, tracker=tracker, device_frees=device_frees,
                 host_frees=host_frees, cache_actions=cache_actions)
-            core._cascade_evict(x, self, tracker, device_frees=device_frees,
-                                host_frees=host_frees, target=EvictLayer.HOST,
-                                cache_actions=cache_actions)
+            core._cascade_evict(x, self, tracker, device_frees=device_frees, host_frees=host_frees,
+                                target=EvictLayer.HOST, cache_actions=cache_actions)
             core._update_evictable_leaf_sets(x)
         self.host_clock.evicted(x, key)
         self.cache.marconi.stats.host_evicted[self.component_type.name.lower()] += 1
@@ -304,8 +240,7 @@ class MarconiMambaComponent(_ScoredQueue, MambaComponent):
     def evict_component(self, node, device_frees, host_frees, cache_actions,
                         target=EvictLayer.DEVICE):
         had = has_state(node)
-        out = super().evict_component(node, device_frees, host_frees, cache_actions,
-                                      target=target)
+        out = super().evict_component(node, device_frees, host_frees, cache_actions, target=target)
         if had and not has_state(node):
             if self.queue is not None:
                 self.queue.discard(node)
@@ -318,8 +253,7 @@ class MarconiMambaComponent(_ScoredQueue, MambaComponent):
     # -- locks: a locked state is not a candidate -------------------------------------------
     def acquire_component_lock(self, node, result, lock_host=False):
         out = super().acquire_component_lock(node, result, lock_host)
-        if (not lock_host and self.queue is not None
-                and node.component_data[MAMBA].lock_ref == 1):
+        if (not lock_host and self.queue is not None and node.component_data[MAMBA].lock_ref == 1):
             self.queue.suspend(node)
         return out
 
@@ -350,8 +284,7 @@ class MarconiMambaComponent(_ScoredQueue, MambaComponent):
                 return 0  # the snapshot stays in the request's ping-pong slot, unpublished
         return super().prepare_for_caching_req(req, insert_params, token_ids_len, is_finished)
 
-    def cleanup_after_caching_req(self, req, is_finished, insert_result=None,
-                                  insert_params=None):
+    def cleanup_after_caching_req(self, req, is_finished, insert_result=None, insert_params=None):
         inserted = (insert_result is not None and not insert_result.mamba_exist
                     and insert_params is not None and insert_params.mamba_value is not None)
         if inserted:
@@ -372,8 +305,7 @@ class MarconiMambaComponent(_ScoredQueue, MambaComponent):
         return cd.value is not None and cd.lock_ref == 0
 
     def _needs_state_backup(self, x) -> bool:
-        """HiCache write_back: an internal state with no host copy is backed up before it
-        is dropped (SGLang's ``InternalStateBackup``, ``mamba.py`` 423-434)."""
+        """write_back: an internal state without a host copy is backed up first."""
         return (self.tree_core.enable_hicache and self.tree_core.is_write_back
                 and x.component_data[MAMBA].host_value is None and not x.backuped
                 and x.component_data[FULL].value is not None)
@@ -421,8 +353,7 @@ class MarconiMambaComponent(_ScoredQueue, MambaComponent):
 
     # -- HiCache: host states ranked by the two-tier rule -----------------------------------
     def _host_candidates(self) -> list:
-        """The states SGLang's MAMBA host walk may take: its host LRU list (host-only
-        states), host-unlocked."""
+        """The host-unlocked states of SGLang's MAMBA host LRU list."""
         lru = self.tree_core.host_lru_lists[MAMBA]
         out, x = [], lru.get_lru_no_host_lock()
         while x is not None:
@@ -506,20 +437,14 @@ class MarconiFullComponent(_ScoredQueue, FullComponent):
     def track(self, node) -> None:
         if self.queue is None or node not in self.tree_core.evictable_device_leaves:
             return
-        self.queue.update(node, node.last_access_time,
-                          self.cache.marconi.kv_pool_efficiency(node))
+        self.queue.update(node, node.last_access_time, self.cache.marconi.kv_pool_efficiency(node))
 
     def untrack(self, node) -> None:
         if self.queue is not None:
             self.queue.discard(node)
 
     def children_changed(self, node) -> None:
-        """The tree re-evaluates a node's leaf status when its children change (and on
-        every lock and unlock along a path): marconi+ weighs a state by its children (one:
-        a chain) and the most it had (two: a branch point). Its key is recomputed only
-        when that weight moved since it was keyed: its other inputs (recency, the nearest
-        checkpointed ancestor, the hit count) re-key it where they change, so the key
-        would come out the same."""
+        """Re-key a state when marconi+'s weight by its children moved."""
         policy = self.cache.marconi
         if not policy.ranking.weighs_nodes or not has_state(node):
             return
@@ -531,8 +456,7 @@ class MarconiFullComponent(_ScoredQueue, FullComponent):
         mamba.track(node)
 
     def _resync(self) -> None:
-        """Leaves matched since they were keyed get their current time (efficiencies are
-        kept current by the hooks)."""
+        """Leaves matched since they were keyed get their current time."""
         queue = self.queue
         # in node-id order, never the set's (object-address) order: a key pushed gets the
         # next sequence number, which breaks ties, and every TP rank must break them alike
@@ -582,8 +506,7 @@ class MarconiFullComponent(_ScoredQueue, FullComponent):
     def evict_component(self, node, device_frees, host_frees, cache_actions,
                         target=EvictLayer.DEVICE):
         had = node.component_data[FULL].host_value is not None
-        out = super().evict_component(node, device_frees, host_frees, cache_actions,
-                                      target=target)
+        out = super().evict_component(node, device_frees, host_frees, cache_actions, target=target)
         if (had and node.component_data[FULL].host_value is None
                 and self.cache.marconi.host_mode is not None):
             self.track(node)  # its host copy is gone: its eviction would drop it now
@@ -604,8 +527,7 @@ class MarconiFullComponent(_ScoredQueue, FullComponent):
 
     def drive_host_eviction(self, num_tokens, tracker, device_frees, host_frees,
                             cache_actions) -> None:
-        """SGLang's FULL host walk (host leaves, lowest key first, a parent that becomes a
-        host leaf joins) with the two-tier rule's keys instead of LRU."""
+        """SGLang's FULL host walk with the two-tier rule's keys instead of LRU."""
         ranking = (None if self.cache.enable_session_radix_cache
                    else self._host_ranking(self.cache.marconi.host_kv_efficiency))
         if ranking is None:

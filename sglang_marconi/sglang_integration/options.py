@@ -1,18 +1,6 @@
-"""The one settings schema of the Marconi cache, its server flags and its hand-over.
-
-``MarconiSettings`` is a dataclass whose fields carry their flag (or none: an internal
-default, set from the Python API), help and check; ``add_cli_args`` builds SGLang's
-launcher flags from it, ``scripts/flag_table.py`` the table in docs/usage.md. The
-launcher validates the flags on the parsed namespace, points ``--radix-cache-backend`` at
-the ``marconi`` backend and hands the settings to the scheduler processes as one
-environment variable, ``SGLANG_MARCONI_SETTINGS`` (JSON; ``ServerArgs`` keeps only its own
-fields), which the backend reads back with ``MarconiSettings.from_env``.
-
-``--cache-policy marconi`` ranks by reuse-weighted FLOPs saved per byte with GDSF aging,
-a ghost index and learned end-state admission; with ``--marconi-alpha A`` it ranks by the
-paper's rule (alpha-weighted recency plus FLOP efficiency) instead. ``marconi+`` is a
-deprecated alias of ``marconi``.
-"""
+"""The one settings schema of the Marconi cache (``MarconiSettings``: each field's flag, help
+and check), the launcher flags built from it and the hand-over to the scheduler processes as
+JSON in ``SGLANG_MARCONI_SETTINGS``."""
 from __future__ import annotations
 
 import argparse
@@ -102,8 +90,7 @@ def _setting(default, check, help, flag=None, metavar=None, choices=None):
 
 @dataclass(frozen=True)
 class MarconiSettings:
-    """What the Marconi cache needs beyond SGLang's own arguments: one field a setting,
-    each with its check and help; the fields with a flag are the launcher's."""
+    """What the Marconi cache needs beyond SGLang's arguments, one field a setting."""
 
     alpha: Optional[float] = _setting(
         None, _alpha, flag="--marconi-alpha", metavar="A",
@@ -123,9 +110,8 @@ class MarconiSettings:
              "SGLang's host LRU.")
     renormalise_limit: int = _setting(
         defaults.RENORMALISE_LIMIT, _limit,
-        help="With an alpha: refresh the min-max bounds over every candidate at each "
-             "eviction walk while a queue holds at most this many (-1: always); above it, "
-             "amortised.")
+        help="With an alpha: refresh the min-max bounds over every candidate at each eviction "
+             "walk while a queue holds at most this many (-1: always); above it, amortised.")
     ghost_factor: float = _setting(
         defaults.GHOST_FACTOR, _non_negative,
         help="Without an alpha: the ghost index remembers this many times the KV pool's "
@@ -160,11 +146,6 @@ class MarconiSettings:
         return self.alpha is None
 
     @property
-    def ranking_alpha(self) -> float:
-        """The alpha the victim queues rank with (0 for the reuse-weighted ranking)."""
-        return 0.0 if self.alpha is None else self.alpha
-
-    @property
     def policy_name(self) -> str:
         return "marconi" if self.plus else f"marconi (paper's ranking, alpha {self.alpha:g})"
 
@@ -194,10 +175,7 @@ def flag_fields():
 
 
 def check_host_tier(args) -> None:
-    """``--enable-hierarchical-cache`` works with the Marconi cache in SGLang's host-cache
-    mode, every write policy (tests/test_sglang_hicache.py); two combinations are not
-    built: the unified buffer's joint walk has no host tier, and buffer_only host memory
-    stages through the storage backend without a host cache."""
+    """HiCache works with every write policy, but not unified or buffer_only."""
     if getattr(args, "enable_unified_memory", False):
         raise ValueError("--cache-policy marconi: --enable-hierarchical-cache with "
                          "--enable-unified-memory is not supported (drop one of them)")
@@ -218,8 +196,7 @@ def _arg_type(f):
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
-    """Add ``--cache-policy`` and the settings' flags (defaults None, so 'given' can be
-    told from 'default')."""
+    """Add ``--cache-policy`` and the settings' flags (defaults None: 'given' is told)."""
     if any("--cache-policy" in a.option_strings for a in parser._actions):
         return  # already added (the hook may run twice on one parser)
     group = parser.add_argument_group("Marconi prefix caching (sglang-marconi)")
@@ -248,11 +225,7 @@ def settings_given(args) -> dict:
 
 
 def settings_from_namespace(args) -> Optional[MarconiSettings]:
-    """The settings a parsed namespace asks for (None when the policy is not marconi).
-
-    Raises ValueError for flags that conflict with ``--cache-policy marconi`` or that only
-    make sense with it.
-    """
+    """The settings a namespace asks for (None: not marconi); ValueError on conflicts."""
     policy = getattr(args, "cache_policy", None) or "lru"
     if policy in DEPRECATED_POLICIES:
         logger.warning("--cache-policy %s is deprecated: it is now --cache-policy %s",
@@ -267,8 +240,7 @@ def settings_from_namespace(args) -> Optional[MarconiSettings]:
         if backend != BACKEND_NAME:
             return None
     if backend not in (None, BACKEND_NAME):
-        raise ValueError(f"--cache-policy marconi conflicts with --radix-cache-backend "
-                         f"{backend}")
+        raise ValueError(f"--cache-policy marconi conflicts with --radix-cache-backend {backend}")
     for dest, reason in _CONFLICTS.items():
         if getattr(args, dest, False):
             raise ValueError(f"--cache-policy marconi: {reason}")
@@ -284,10 +256,9 @@ def settings_from_namespace(args) -> Optional[MarconiSettings]:
                          "Marconi cache; NGRAM, which drafts without a model, has); use NGRAM, "
                          "drop it or use --cache-policy lru")
     if getattr(args, "mamba_radix_cache_strategy", None) == "extra_buffer_lazy":
-        raise ValueError("--cache-policy marconi: --mamba-radix-cache-strategy "
-                         "extra_buffer_lazy is not supported yet (its lazily allocated track "
-                         "slots have not run under the Marconi cache's admission); use "
-                         "extra_buffer")
+        raise ValueError("--cache-policy marconi: --mamba-radix-cache-strategy extra_buffer_lazy "
+                         "is not supported yet (its lazily allocated track slots have not run "
+                         "under the Marconi cache's admission); use extra_buffer")
     eviction = getattr(args, "radix_eviction_policy", "lru")
     if eviction not in (None, "lru"):
         raise ValueError("--cache-policy marconi replaces the eviction order; drop "
@@ -309,11 +280,8 @@ def apply_to_namespace(args, environ=None) -> Optional[MarconiSettings]:
 
 
 def validate_server_args(server_args) -> Optional[MarconiSettings]:
-    """A resolved ``ServerArgs`` from any entry point (``sglang.Engine(...)`` builds it
-    without the command line): with ``radix_cache_backend="marconi"``, the flags' checks
-    and messages on its fields and the settings the backend reads
-    (``SGLANG_MARCONI_SETTINGS``). A PD decode server, whose radix cache SGLang turned off,
-    passes (the backend steps aside). Raises ValueError."""
+    """A resolved ``ServerArgs`` from any entry point with ``radix_cache_backend="marconi"``: the
+    flags' checks and the settings hand-over; a PD decode server passes. Raises ValueError."""
     if getattr(server_args, "radix_cache_backend", None) != BACKEND_NAME:
         return None
     if (getattr(server_args, "disaggregation_mode", None) == "decode"

@@ -1,18 +1,6 @@
-"""SGLang plugin (entry-point group ``sglang.srt.plugins``, name ``marconi``).
-
-SGLang calls ``register`` in every process it starts (launcher, scheduler processes,
-detokenizer). It registers the ``marconi`` radix-cache backend and three hooks on
-``ServerArgs``: one adds ``--cache-policy`` and the ``--marconi-*`` flags to the parser,
-one validates them and selects the backend before ``ServerArgs`` is built from the command
-line, and one runs the same checks, with the same messages (a ``ValueError``), when SGLang
-validates any ``ServerArgs`` at start-up (``ServerArgs.check_server_args``, called by
-``Engine._launch_subprocesses`` for ``sglang.Engine(...)`` and the HTTP server alike):
-the Python API selects the policy with ``radix_cache_backend="marconi"`` and the
-``SGLANG_MARCONI_SETTINGS`` hand-over. A resolution hook lets
-``--enable-int8-mamba-checkpoint`` through SGLang's refusal of custom backends (its
-other refusals stand). (``ServerArgs`` is a msgspec struct: a hook on its
-``__post_init__`` is never called.)
-"""
+"""SGLang plugin (entry-point group ``sglang.srt.plugins``, name ``marconi``): ``register``
+adds the ``marconi`` radix-cache backend and the ``ServerArgs`` hooks (flags, validation,
+backend selection, the int8 checkpoint check) in every process SGLang starts."""
 from __future__ import annotations
 
 import logging
@@ -61,10 +49,7 @@ def _before_check_server_args(server_args, *args, **kwargs):
 
 
 class _BuiltInCacheView:
-    """``server_args`` as SGLang's int8-checkpoint check reads it (through
-    ``resolving_view``), with the ``marconi`` backend seen as the built-in cache: the
-    Marconi cache is SGLang's ``UnifiedRadixCache`` with SGLang's MAMBA component under
-    it, whose int8 store, load and free it inherits."""
+    """``server_args`` with the ``marconi`` backend seen as the built-in cache."""
 
     def __init__(self, server_args):
         self._server_args = server_args
@@ -96,10 +81,7 @@ def register() -> None:
     from sglang_marconi.sglang_version import check_sglang_version
 
     check_sglang_version()
-    from sglang.srt.mem_cache.registry import (
-        get_radix_cache_factory,
-        register_radix_cache_backend,
-    )
+    from sglang.srt.mem_cache.registry import get_radix_cache_factory, register_radix_cache_backend
     from sglang.srt.arg_groups.resolution_hooks import register_resolution_hook
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 

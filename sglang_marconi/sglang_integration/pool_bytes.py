@@ -1,13 +1,5 @@
-"""What one KV token and one cached state weigh in the pools a server actually built.
-
-Read from the tensors SGLang allocated (``MambaPool.mamba_cache``: conv and temporal
-tensors of shape (layers, slots + 1, ...), or with ``--enable-int8-mamba-checkpoint`` the
-checkpoint pool that holds the cached states; the full-attention KV pool's per-layer K and V
-buffers of shape (tokens + page, heads, dim)), so the plugin ranks and budgets in the
-server's own bytes whatever dtype rule or parallel layout made them. ``None`` where a pool
-keeps another layout (unified memory's byte buffer, MLA's latent pool): the cost model's
-bytes stand there.
-"""
+"""What one KV token and one cached state weigh in the pools a server actually built, read from
+SGLang's tensors (``None`` for another layout: unified memory, MLA; the cost model stands)."""
 from __future__ import annotations
 
 import math

@@ -1,17 +1,6 @@
-"""Marconi counters, reported through SGLang's logging and (with --enable-metrics) Prometheus.
-
-Counted per finished request: tokens hit and the prefill FLOPs the hit saved. Counted per
-state: admitted (by reason: ``branch`` point, ``chunk`` boundary, ``final`` state of a
-finished request), ``rejected`` chunk-boundary states (over the per-request cap), and
-evicted (by reason: ``state_pool_drop`` = an internal node's state dropped to free a state
-slot, ``state_pool_leaf`` = a leaf deleted to free a state slot, ``kv_pool_leaf`` = a leaf
-deleted to free KV token slots, its state with it; with --enable-unified-memory the joint
-walk's ``unified_state`` = an inner state dropped for bytes, ``unified_leaf`` = a leaf with a
-state deleted for bytes).
-
-The ``sglang:marconi_*`` series sit beside SGLang's own radix-cache metrics; the summary
-log line every 200 requests names the ranking.
-"""
+"""Marconi counters (per request: tokens hit, FLOPs saved; per state: admitted, rejected,
+evicted by reason), reported through SGLang's logging and, with --enable-metrics, as
+``sglang:marconi_*`` Prometheus series."""
 from __future__ import annotations
 
 import logging
@@ -50,35 +39,27 @@ class MarconiStats:
         return self.hit_tokens / self.input_tokens if self.input_tokens else 0.0
 
     def as_dict(self) -> dict:
-        return {
-            "requests": self.requests,
-            "input_tokens": self.input_tokens,
-            "hit_tokens": self.hit_tokens,
-            "lost_reuse_tokens": self.lost_reuse_tokens,
-            "token_hit_rate": self.token_hit_rate,
-            "flops_saved": self.flops_saved,
-            "prefill_flops": self.prefill_flops,
-            "alpha": self.alpha,
-            "states_admitted": {r: self.admitted[r] for r in ADMIT_REASONS},
-            "states_rejected": self.rejected,
-            "end_states_skipped": self.end_states_skipped,
-            "states_evicted": {r: self.evicted[r] for r in EVICT_REASONS},
-            "ranking": self.ranking,
-            "host_evicted": {t: self.host_evicted[t] for t in ("full", "mamba")},
-            "bookkeeping_seconds": self.bookkeeping_seconds,
-        }
+        return {"requests": self.requests, "input_tokens": self.input_tokens,
+                "hit_tokens": self.hit_tokens, "lost_reuse_tokens": self.lost_reuse_tokens,
+                "token_hit_rate": self.token_hit_rate, "flops_saved": self.flops_saved,
+                "prefill_flops": self.prefill_flops, "alpha": self.alpha,
+                "states_admitted": {r: self.admitted[r] for r in ADMIT_REASONS},
+                "states_rejected": self.rejected, "end_states_skipped": self.end_states_skipped,
+                "states_evicted": {r: self.evicted[r] for r in EVICT_REASONS},
+                "ranking": self.ranking,
+                "host_evicted": {t: self.host_evicted[t] for t in ("full", "mamba")},
+                "bookkeeping_seconds": self.bookkeeping_seconds}
 
     def summary_line(self) -> str:
         adm = ", ".join(f"{r}={self.admitted[r]}" for r in ADMIT_REASONS)
         ev = ", ".join(f"{r}={self.evicted[r]}" for r in EVICT_REASONS)
         policy = ("reuse-weighted" if self.ranking == "reuse-weighted"
                   else f"alpha={self.alpha:g}")
-        return (f"Marconi cache: {policy}"
-                f" requests={self.requests} token_hit_rate={self.token_hit_rate:.3f}"
-                f" lost_reuse_tokens={self.lost_reuse_tokens}"
-                f" flops_saved={self.flops_saved:.3e} states_admitted[{adm}]"
-                f" rejected={self.rejected} end_states_skipped={self.end_states_skipped}"
-                f" states_evicted[{ev}]")
+        return (f"Marconi cache: {policy} requests={self.requests} "
+                f"token_hit_rate={self.token_hit_rate:.3f} "
+                f"lost_reuse_tokens={self.lost_reuse_tokens} flops_saved={self.flops_saved:.3e} "
+                f"states_admitted[{adm}] rejected={self.rejected} "
+                f"end_states_skipped={self.end_states_skipped} states_evicted[{ev}]")
 
 
 _SERIES: dict = {}  # one set of Prometheus series per process, shared by every cache

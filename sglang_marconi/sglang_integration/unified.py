@@ -1,35 +1,6 @@
-"""Marconi under ``--enable-unified-memory``: one ranking over KV leaves and SSM states.
-
-With the unified pool (``unified_memory_pool.py``) KV pages and Mamba states draw on one
-byte buffer. Stock ``UnifiedRadixCache.evict_for_alloc`` (~697-787) still walks per
-component: a MAMBA walk for missing slot ids, the Full donor, a FULL walk (KV leaves) until
-the state fits, a MAMBA fallback; a KV shortage runs only the FULL walk. Here, when bytes
-run out, ``joint_evict_for_alloc`` ranks both kinds of candidate together, as the
-simulator's single budget does:
-
-* a state on an inner node frees one state entry (``ssm_state_bytes``);
-* an evictable leaf frees its KV tokens and, if it holds one, its state.
-
-Each is scored by the policy (``policy_state._efficiency`` -> ``ranking.ranked_efficiency``:
-FLOPs a hit there saves over the nearest checkpointed ancestor, per byte it frees in the
-shared buffer, reuse-weighted for marconi+) with recency on the request clock (a state:
-its stamp; a KV-only leaf: the request during which SGLang last touched it,
-``JointMambaComponent`` records the counter at each match), in a ``VictimQueue`` with the
-persistent queues' mode and alpha. The walk-local queue is built from the two persistent
-queues' live candidates at the start of a joint walk (``joint_rows``: O(n log n) once per
-walk, one heap build, no tree walk: a state's nearest checkpointed ancestor and the FLOPs a
-hit saves over it are kept on its node, ``components.cached_state_depth`` and
-``cached_flops_saved``; ``marconi_checks.invariants.check_joint_build``, in scripts/lib,
-compares a build with a fresh computation), and a parent that becomes an evictable leaf
-joins it.
-
-What stays SGLang's: Mamba slot ids are a separate resource ("Full KV can supply bytes but
-cannot recycle Mamba virtual IDs"): a slot-id shortfall is met first by the stock MAMBA
-walk (Marconi's state queue); locked nodes are never candidates (both queues hold only
-unlocked ones); freeing, cascades, compaction and the donor's ``prepare_mamba_allocation``
-are SGLang's. alpha 0 with the marconi policy (LRU) takes SGLang's own ``evict_for_alloc``
-unchanged, so it makes stock's decisions.
-"""
+"""Marconi under ``--enable-unified-memory``: ``joint_evict_for_alloc`` ranks KV leaves and SSM
+states of the one byte buffer together; Mamba slot ids, locks, freeing and the donor stay
+SGLang's, and alpha 0 with the marconi policy takes SGLang's own ``evict_for_alloc``."""
 from __future__ import annotations
 
 import bisect
@@ -41,26 +12,18 @@ from sglang.srt.mem_cache.unified_cache.components.base import EvictLayer, LRURe
 
 from sglang_marconi.policy.ranking import freed_bytes
 from sglang_marconi.policy.scoring import VictimQueue
-from sglang_marconi.sglang_integration.components import (
-    FULL,
-    KEYED_WEIGHT,
-    MAMBA,
-    SAVED,
-    STAMP,
-    MarconiFullComponent,
-    MarconiMambaComponent,
-    cached_flops_saved,
-    has_state,
-    state_recency,
-)
+from sglang_marconi.sglang_integration.components import (FULL, KEYED_WEIGHT, MAMBA, SAVED, STAMP,
+                                                          MarconiFullComponent,
+                                                          MarconiMambaComponent,
+                                                          cached_flops_saved, has_state,
+                                                          state_recency)
 
 
 _first = itemgetter(0)
 
 
 def droppable_inner_state(node) -> bool:
-    """A node the joint walk may drop the state of without evicting its KV: it holds an
-    unlocked state and is not the root."""
+    """A node holding an unlocked state, not the root: its state may be dropped."""
     cd = node.component_data[MAMBA]
     return cd.value is not None and cd.lock_ref == 0 and node.parent is not None
 
@@ -72,8 +35,7 @@ def is_unified(params) -> bool:
 
 
 class JointMambaComponent(MarconiMambaComponent):
-    """Records SGLang's access counter at each match, to read KV leaves' recency on the
-    request clock."""
+    """Records SGLang's access counter at each match (KV leaves' recency)."""
 
     def refresh_lru(self, phase, node, root_node) -> None:
         if phase == LRURefreshPhase.MATCH_END:
@@ -85,8 +47,7 @@ class JointMambaComponent(MarconiMambaComponent):
 
 
 def joint_recency(cache, node) -> float:
-    """A candidate's recency on the request clock: a state's stamp; a KV-only node's last
-    access, read through the counters ``JointMambaComponent`` records."""
+    """A candidate's recency on the request clock."""
     return state_recency(node) if has_state(node) else kv_recency(cache.joint_clocks, node)
 
 
@@ -106,15 +67,7 @@ def joint_efficiency(cache, node, leaf: bool) -> float:
 
 
 def joint_rows(cache, bases: dict) -> list:
-    """(node, ``joint_recency``, ``joint_efficiency``, aging base) of the joint walk's valid
-    candidates among ``bases`` (node -> aging base), oldest first (a stable sort: ties keep
-    ``bases``' order). The same values as those two functions, with what is common to
-    every candidate read once and the per-candidate rules inlined (``freed_bytes``,
-    ``per_byte`` and ``weighted_efficiency``'s arithmetic in the same order, so the same
-    floats; ``marconi_checks.invariants.check_joint_build`` compares a build with a fresh
-    computation): a build ranks about 600 candidates, once per state-slot allocation on a
-    full buffer, and was most of the longest steps' cache time and, for marconi+, a third
-    of its cache time on a whole trace."""
+    """(node, recency, efficiency, aging base) of the joint walk's candidates, oldest first."""
     policy = cache.marconi
     spec = policy.spec
     kv_bytes, state_bytes = spec.kv_bytes_per_token, spec.ssm_state_bytes
@@ -182,8 +135,7 @@ class JointWalk:
                             self.queue.clock if base is None else base)
 
     def next_node(self, full, tracker, device_frees, host_frees, cache_actions):
-        """One victim: a leaf's id (the cache evicts it, state and all), or None after
-        dropping an inner state here (as the MAMBA walk does)."""
+        """One victim leaf's id, or None after dropping an inner state here."""
         while True:
             x = self.queue.pop_victim()
             if x is None:
@@ -240,8 +192,7 @@ def _add(result: EvictResult, more: EvictResult) -> None:
 
 
 def joint_evict_for_alloc(cache, params, stock, allocation_reclaim_satisfied=None):
-    """``evict_for_alloc`` with one ranking over KV leaves and states (see module doc);
-    ``stock`` is SGLang's method, taken for LRU (alpha 0) and the quota form."""
+    """``evict_for_alloc`` with one ranking over KV leaves and states."""
     if (takes_stock_walk(cache.marconi) or allocation_reclaim_satisfied is not None
             or cache.disable):
         return stock(params, allocation_reclaim_satisfied=allocation_reclaim_satisfied)

@@ -1,35 +1,6 @@
-"""Seeded synthetic workloads (``gen-trace`` writes them; ``sim --workload`` replays them).
-
-Every generator is deterministic for a seed and documents its parameters in its dataclass.
-Token ids come from one counter per trace, so two sequences share tokens only where the
-workload makes them share (a system prompt, a conversation's history), never by accident.
-Timing: a turn arrives after the previous turn's response (output tokens at
-``decode_tok_s``) plus a think/tool time; sessions start as a Poisson process.
-
-- ``chat``: multi-turn chat with ShareGPT / LMSys-Chat-like turn and length statistics; the
-  next turn's input is the whole history plus a new user message.
-- ``agent``: SWE-agent-like trajectories: a long system prompt shared by all sessions, a task
-  description, 10-50 turns of action + tool observation; observations older than the last
-  ``keep_last`` are replaced by a short placeholder, which creates branch points.
-- ``shared-prompt``: single-turn requests sharing a few long system prompts (Zipf popularity).
-- ``fork-join``: SGLang frontend programs (``sgl.function`` with ``fork``): a shared few-shot
-  prefix, ``k`` forks that each extend prefix + question, then a join that reads them all.
-- ``drift``: phases with different mixes (chat, then agent sessions, then chat again).
-- ``alpha-shift``: built so that the best fixed alpha differs between its phases (a
-  benchmark of online alpha, not a model of real traffic). ``scan`` phases: one-off long
-  documents, each read once and never again, between requests on a small pool of short hot
-  prompts. FLOP-aware eviction ranks a stale long document above a hot prompt (more FLOPs
-  saved per byte) and lets the stale documents crowd the hot prompts out; LRU drops the
-  stale documents and keeps the hot prompts. ``steady`` phase: a fixed set of long
-  documents reused throughout, between one-off prompts; there LRU lets the one-off prompts
-  push the documents out and FLOP-aware eviction keeps them. Phases: scan, steady, scan.
-  Measured (paper-7b, 2 GB, seed 0; ``tests/test_beyond.py``): alpha 0
-  saves >= 1.29x the FLOPs of every alpha in {0.5, 1, 2, 4} in each scan phase, alpha 4
-  1.29x those of alpha 0 in the steady phase. Reading each document twice or more
-  (``doc_reads``) gives it a branch state, whose FLOP efficiency (FLOPs over the state
-  bytes alone) then tops the min-max normalisation: with two reads alpha 0 leads the scan
-  phases by only 3% and 7%.
-"""
+"""Seeded synthetic workloads (``gen-trace`` writes them, ``sim --workload`` replays them):
+deterministic per seed, sequences sharing tokens only where the workload makes them share;
+parameters documented in each dataclass."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
@@ -210,8 +181,7 @@ def gen_fork_join(p: ForkJoinParams, seed: int = 0) -> Trace:
 
 
 def gen_drift(p: DriftParams, seed: int = 0) -> Trace:
-    """Chat, then agent sessions, then chat again; ``phase`` of each request is recorded in
-    its session id prefix (chat1-, agent-, chat2-)."""
+    """Chat, then agent sessions, then chat again (session ids chat1-, agent-, chat2-)."""
     tok = _Tokens()
     a = gen_chat(ChatParams(sessions=p.chat_sessions, session_rate=p.session_rate), seed, tok,
                  0.0, "chat1")
@@ -226,17 +196,10 @@ def gen_drift(p: DriftParams, seed: int = 0) -> Trace:
 
 @dataclass
 class AlphaShiftParams:
-    """``alpha-shift``: scan, steady, scan (``requests_per_phase`` requests each). Every
-    request is a prompt + ``question`` fresh tokens, with ``output`` fresh output tokens.
-
-    Scan phases (LRU's): each request goes to the hot pool with probability ``hot_share``
-    (one of ``hot_prompts`` prompts of ``hot_len`` tokens, uniformly at random), otherwise it
-    reads a long document (``long_len`` tokens) that is new, read ``doc_reads`` times back to
-    back and never again. Steady phase (FLOP-aware eviction's): with probability
-    ``doc_share`` one of ``steady_docs`` long documents (uniformly at random, the same ones
-    for the whole phase), otherwise a short prompt (``short_len`` tokens) drawn from a pool
-    of ``short_prompts`` (large: nearly every one is seen once).
-    """
+    """``alpha-shift``: scan, steady, scan (``requests_per_phase`` each), every request a prompt
+    plus ``question`` fresh tokens. Scan phases (LRU wins): hot prompts (``hot_share``) between
+    one-off long documents read ``doc_reads`` times. Steady phase (FLOP-aware wins): a fixed
+    set of ``steady_docs`` long documents (``doc_share``) between one-off short prompts."""
     requests_per_phase: int = 600
     long_len: int = 4000         # tokens of a long document (both phases)
     hot_prompts: int = 8         # scan: the pool of short prompts that keeps being reused
@@ -253,8 +216,7 @@ class AlphaShiftParams:
 
 
 def gen_alpha_shift(p: AlphaShiftParams, seed: int = 0) -> Trace:
-    """Scan, steady, scan; each request's session id starts with its phase (``scan-``,
-    ``steady-``)."""
+    """Scan, steady, scan; each session id starts with its phase."""
     for name in ("hot_share", "doc_share"):
         if not 0 < getattr(p, name) <= 1:
             raise UserError(f"workload parameter {name!r} must be in (0, 1], "

@@ -1,9 +1,5 @@
-"""A first-order TTFT model for the simulator.
-
-TTFT = FLOPs of the uncached part of the prefill / (GPU peak dense FLOP/s x MFU) + a fixed
-overhead (scheduling, the first decode step, network). No queueing: it isolates what a cache
-hit saves. Peaks are dense BF16 tensor-core figures from the vendors' datasheets.
-"""
+"""A first-order TTFT model for the simulator: FLOPs of the uncached prefill / (dense peak x
+MFU) + a fixed overhead; no queueing, so it isolates what a hit saves."""
 from __future__ import annotations
 
 from dataclasses import dataclass

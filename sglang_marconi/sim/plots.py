@@ -3,8 +3,7 @@ from __future__ import annotations
 
 
 def plot_runs(runs: list[dict], path: str) -> None:
-    """One run: token hit rate and FLOPs saved per policy (bars). Several runs (a capacity
-    sweep): token hit rate and FLOPs-saved fraction against capacity, one line per policy."""
+    """Hit rate and FLOPs saved per policy (one run) or against capacity (a sweep)."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -1,27 +1,6 @@
-"""Policy names of the paper's planning simulator (``sim --paper``), and the cache each
-one builds: one byte budget, the states a policy plans wherever they are.
-
-``NAME[:key=value[:key=value...]]``, e.g. ``marconi:alpha=0.5``, ``vllm+:block=64``.
-
-- ``vllm+``: a state at every ``block``-token boundary (32), LRU eviction.
-- ``paper-sglang+``: Marconi admission, LRU eviction (alpha 0).
-- ``marconi``: Marconi admission, FLOP-aware eviction, alpha tuned by bootstrap (``alpha=auto``,
-  ``k`` = bootstrap multiplier), fixed (``alpha=0.7``) or online (``alpha=online``, shadow
-  caches for ``alphas=0/0.5/1/2`` over a ``window``, re-decided every ``period`` requests,
-  ``hysteresis``, miniature shadows with ``sample``=rate).
-- ``infinite``: Marconi admission, unlimited capacity: the ceiling on the trace.
-- ``marconi+``: Marconi admission plus reuse likelihood (see ``policy.likelihood``): victims
-  ranked by expected FLOPs saved per byte with GDSF aging (``bonus`` for nodes that were
-  branch points, hit counts with ``half_life`` in requests), a ghost index of ``ghost`` x the
-  capacity's KV tokens for branch detection past evictions, and end-of-request states
-  admitted only while their measured reuse rate is >= ``end_threshold``.
-- ``offline``: knows the future (see ``policy.offline``): Belady-style eviction weighted by
-  FLOPs saved per byte, end states kept only if reused later, the ghost index. A heuristic
-  reference, not an optimum.
-
-Every policy takes ``max_states`` (per request, default 2). What SGLang itself would do
-with each cache is ``sim`` without ``--paper``: SGLang's own cache objects.
-"""
+"""Policy names of the paper's planning simulator (``sim --paper``) and the cache each builds:
+``NAME[:key=value...]`` for ``vllm+``, ``paper-sglang+``, ``marconi``, ``infinite``,
+``marconi+`` and ``offline``; every policy takes ``max_states`` (default 2)."""
 from __future__ import annotations
 
 import math
@@ -33,7 +12,6 @@ from sglang_marconi.policy.cache import PrefixCache
 from sglang_marconi.policy.likelihood import ReuseWeight
 from sglang_marconi.policy.offline import offline_cache
 
-BASE_POLICIES = ("vllm+", "paper-sglang+", "marconi", "infinite")
 # names the planning simulator does not run: an error that says what to write instead
 NOT_HERE = {
     "sglang+": "policy 'sglang+' was renamed: write paper-sglang+ for the paper's LRU "
@@ -138,9 +116,7 @@ def _online(p: PolicySpec) -> dict:
 
 
 def ghost_budget(ghost: float, spec, cap) -> int | None:
-    """Tokens the ghost index remembers: ``ghost`` times the KV tokens the capacity holds
-    (for a model without attention layers, whose KV is free: ``ghost`` x the states it holds
-    x 4096 tokens)."""
+    """Tokens the ghost index remembers: ``ghost`` x the KV tokens the capacity holds."""
     if not cap or not ghost:
         return None
     per_token = spec.kv_bytes_per_token or spec.ssm_state_bytes / 4096

@@ -1,11 +1,5 @@
-"""Replays a trace through one or more cache policies and reports what each saved.
-
-Requests are replayed one at a time in arrival order (each finishes before the next
-starts), as in the paper's simulator. Per policy: token and request hit rates, FLOPs saved
-(absolute and as a fraction of all prefill FLOPs), checkpoints admitted and evicted, peak
-bytes, the TTFT model's P50/P95, hit rates of short and long requests, the alpha in use at
-the end, and the replay wall time. Policies can run in parallel processes (``jobs``).
-"""
+"""Replays a trace through one or more cache policies, one request at a time as in the paper's
+simulator, and reports what each saved (policies in parallel processes with ``jobs``)."""
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -44,29 +38,19 @@ def summarize(cache, trace, hits, spec, latency, wall) -> dict:
     lens = np.array([r.input_len for r in trace.requests], dtype=np.int64)
     ttft = np.array([latency.ttft(spec, int(n), int(h)) for n, h in zip(lens, hits)])
     long = lens >= LONG_REQUEST
-    out = {
-        "token_hit_rate": st.token_hit_rate,
-        "request_hit_rate": st.request_hit_rate,
-        "hit_tokens": st.hit_tokens,
-        "input_tokens": st.input_tokens,
-        "flops_saved": st.flops_saved,
-        "prefill_flops": st.prefill_flops,
-        "flops_saved_fraction": st.flops_saved_fraction,
-        "states_admitted": st.states_admitted,
-        "states_evicted": st.states_evicted,
-        "states_dropped_one_child": st.states_dropped,
-        "nodes_deleted": st.nodes_deleted,
-        "kv_tokens_evicted": st.kv_tokens_evicted,
-        "admissions_truncated": st.admissions_truncated,
-        "admissions_rejected": st.admissions_rejected,
-        "peak_bytes": st.peak_bytes,
-        "ttft_p50_s": float(np.percentile(ttft, 50)),
-        "ttft_p95_s": float(np.percentile(ttft, 95)),
-        "short_token_hit_rate": _rate(hits[~long], lens[~long]),
-        "long_token_hit_rate": _rate(hits[long], lens[long]),
-        "alpha": _alpha(cache),
-        "wall_s": wall,
-    }
+    out = {"token_hit_rate": st.token_hit_rate, "request_hit_rate": st.request_hit_rate,
+           "hit_tokens": st.hit_tokens, "input_tokens": st.input_tokens,
+           "flops_saved": st.flops_saved, "prefill_flops": st.prefill_flops,
+           "flops_saved_fraction": st.flops_saved_fraction, "states_admitted": st.states_admitted,
+           "states_evicted": st.states_evicted, "states_dropped_one_child": st.states_dropped,
+           "nodes_deleted": st.nodes_deleted, "kv_tokens_evicted": st.kv_tokens_evicted,
+           "admissions_truncated": st.admissions_truncated,
+           "admissions_rejected": st.admissions_rejected, "peak_bytes": st.peak_bytes,
+           "ttft_p50_s": float(np.percentile(ttft, 50)),
+           "ttft_p95_s": float(np.percentile(ttft, 95)),
+           "short_token_hit_rate": _rate(hits[~long], lens[~long]),
+           "long_token_hit_rate": _rate(hits[long], lens[long]), "alpha": _alpha(cache),
+           "wall_s": wall}
     tuner = getattr(cache, "tuner", None)
     if tuner is not None:
         out["alpha_tuned"] = tuner.tuned
@@ -107,21 +91,14 @@ def simulate(trace, spec, capacity, policies, grid: int = 1, latency: LatencyMod
         for i, p in enumerate(policies):
             results[p.label] = run_policy(trace, spec, capacity, p, grid, latency, progress, 0)
     add_ceiling_fractions(results)
-    return {
-        "trace": trace.name,
-        "requests": len(trace),
-        "input_tokens": trace.input_tokens,
-        "model": spec.name,
-        "capacity_bytes": capacity,
-        "grid": grid,
-        "latency": {"gpu": latency.gpu, "mfu": latency.mfu, "overhead_s": latency.overhead_s},
-        "policies": results,
-    }
+    return {"trace": trace.name, "requests": len(trace), "input_tokens": trace.input_tokens,
+            "model": spec.name, "capacity_bytes": capacity, "grid": grid,
+            "latency": {"gpu": latency.gpu, "mfu": latency.mfu, "overhead_s": latency.overhead_s},
+            "policies": results}
 
 
 def add_ceiling_fractions(results: dict) -> None:
-    """Express every policy's savings as a fraction of the ``infinite`` ceiling and of the
-    ``offline`` reference, when those ran."""
+    """Every policy's savings as fractions of ``infinite``'s and ``offline``'s."""
     for ref in ("infinite", "offline"):
         ceiling = results.get(ref)
         if not ceiling:

@@ -1,16 +1,6 @@
-"""Traces: what the simulator replays, and the readers for the two file formats.
-
-- Mooncake JSONL (``timestamp`` ms, ``input_length``, ``output_length``, ``hash_ids`` of
-  512-token blocks). Block ``h`` expands to the tokens ``h*512 .. h*512+511`` (same id, same
-  tokens; blocks never collide), the last block is cut at ``input_length``; outputs get fresh
-  tokens no input uses, so they are never reused (the next request's hash ids cover inputs
-  only).
-- Session JSONL (Marconi style): ``session_id``, ``turn_id``, ``ts`` (seconds),
-  ``input_tokens`` and ``output_tokens`` (token-id lists). A turn's input contains the whole
-  history, previous outputs included, so output reuse counts.
-
-Bad lines raise ``UserError`` with the file and line number; an empty trace is an error too.
-"""
+"""Traces: what the simulator replays, and the readers for Mooncake JSONL (512-token
+``hash_ids`` blocks; outputs get fresh tokens) and session JSONL (token-id lists); bad lines
+raise ``UserError`` with the file and line."""
 from __future__ import annotations
 
 import json
