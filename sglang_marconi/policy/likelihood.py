@@ -1,37 +1,13 @@
-"""Reuse likelihood: how likely a cached node is to be hit again (``marconi+``).
+"""Reuse likelihood: how likely a cached node is to be hit again (the reuse-weighted ranking).
 
-Two online estimators, both from what the cache itself observes:
-
-- ``ReuseWeight``: a per-node weight that multiplies the node's FLOP efficiency, so victims
-  are ranked by expected FLOPs saved per byte. weight = 1 + decayed hit count + a bonus if
-  the node ever was a branch point (had two or more children). The hit count decays with a
-  half-life in requests (``inf``: plain counts). A *chain* state (exactly one child, never a
-  branch point) is hit only by a request that leaves its path between it and its child's
-  state at a point no earlier request branched at. How often that happens is a property of
-  the traffic, learned by ``ChainUsefulness`` on the ghost index: on chat traffic a chain
-  state is a conversation turn the next turn has already extended (only a regenerated or
-  edited turn would hit it: the rate falls towards 0); on document traffic that shares
-  partial prefixes it is a chunk-boundary state SGLang took on a shared document, and later
-  requests leave such paths at fresh points all the time. A fixed ``chain_weight``
-  replaces the learned one.
-- ``ChainUsefulness``: among requests that share a prefix with a remembered sequence, the
-  Beta(1, 1)-smoothed fraction that leave it in the middle of an edge of the ghost index (a
-  point no earlier request branched at). The chain weight is that rate on a power-of-two
-  scale (1, 1/2, ... 1/64, then 0), moved only when the rate leaves the band
-  [w / 2^0.75, w * 2^0.75] around the current weight w (a quarter of a step past the
-  rounding edge): victim keys hold the weight, and a move re-keys the chain
-  states (``ReuseWeight.observe_request`` says when), which then happens a few times per
-  run, not per request.
-- ``EndStateUsefulness``: how often the state after a request's last token is later reused
-  (a later request extends the whole cached sequence). Measured on the ghost index, so it
-  is learned whether or not the cache kept those states: each request with an end state
-  of its own (beyond its hit) counts one end, marked in the ghost index where that state
-  is or would have been (with one state per request, also when the branch point took the
-  slot), and each request that reaches a marked end counts one reuse, both before the
-  request's own end state is admitted or not. ``marconi+`` admits end-of-request
-  states only while this rate is at least ``threshold``; on traffic whose outputs are never
-  part of a later input (the Mooncake traces) it falls to ~0 and the end state, and the KV
-  of the request's unique tail, are not kept.
+- ``ReuseWeight``: weight = 1 + decayed hit count + a bonus once the node was a branch point;
+  a chain state (one child, never a branch) weighs ``chain_weight``, learned by
+  ``ChainUsefulness`` on the ghost index unless fixed.
+- ``ChainUsefulness``: the Beta(1, 1)-smoothed share of requests reusing a remembered prefix
+  that leave it mid-edge, put on a power-of-two scale that moves only past a band (so chain
+  states are re-keyed a few times a run).
+- ``EndStateUsefulness``: the rate at which end-of-request positions are reached again,
+  measured on the ghost index; end states are admitted while it is at least ``threshold``.
 """
 from __future__ import annotations
 

@@ -1,17 +1,9 @@
-"""The ranking inputs of a victim, computed once for every tree: the simulator's and SGLang's.
+"""The ranking inputs of a victim, computed once for every tree (the simulator's, SGLang's).
 
-A tree is seen through a ``TreeAdapter`` (depth of a node, does it hold a state, its
-parent, its children); the simulator's ``RadixTree`` and the SGLang components each
-provide one. The rules that live here and nowhere else:
-
-- ``nearest_state_depth``: the depth of the nearest proper ancestor holding a state (0: the
-  root). A hit at a node saves the FLOPs between that ancestor and the node.
-- ``ranked_efficiency``: FLOP efficiency (``scoring.flop_efficiency``) of a node per byte
-  its eviction frees, times its reuse weight (marconi+) when one is given.
-- ``states_below``: the nodes whose ranking inputs change when a node gains or loses its
-  state: the states below it down to the next state on each path (their nearest
-  checkpointed ancestor was or becomes that node). Stateless nodes in between rank at 0
-  whatever their ancestors hold, so they are not re-keyed.
+A tree is seen through a ``TreeAdapter``. ``nearest_state_depth``: the nearest proper
+ancestor holding a state (a hit saves the FLOPs from there); ``ranked_efficiency``: FLOPs
+saved per byte freed times the reuse weight; ``states_below``: the states to re-key when a
+node gains or loses its state (down to the next state on each path).
 """
 from __future__ import annotations
 

@@ -1,30 +1,10 @@
 """Marconi's eviction scoring: FLOP efficiency and the utility-ordered victim queue.
 
-This is the single home of the scoring rule; the simulator's tree and the SGLang cache both
-call it.
-
-Utility of a candidate = norm(recency) + alpha * norm(flop efficiency), lowest evicted first.
-``flop_efficiency`` is FLOPs a hit at the node saves over a hit at its nearest ancestor that
-still holds a state, per byte its eviction frees. alpha = 0 is plain LRU.
-
-Stale scores and cost. The paper min-max normalises over the current candidates before every
-eviction, which costs a rescan of all candidates per evicted node. Here the normalisation
-bounds (min and max recency and efficiency over the candidates) are *frozen* between
-refreshes: with frozen bounds every key is a fixed linear function of (recency, efficiency),
-so a binary heap orders the candidates exactly. A candidate whose inputs change (accessed,
-split, merged, gained or lost a checkpointed ancestor, locked) is re-pushed with a new
-version and its old heap entry is skipped when popped (lazy invalidation). The bounds are
-refreshed, and the heap rebuilt in O(n), before the first victim is chosen and then once the
-number of pushes since the last rebuild exceeds the number of live candidates, so the rebuild
-is paid for by the pushes it follows: one eviction costs amortised O(log n). Between refreshes the
-ordering equals the paper's for the bounds of the last refresh; recency keys of nodes touched
-after it may exceed 1, which keeps them correctly the most recent.
-
-Mode ``gdsf`` (used by ``marconi+``) replaces the normalised sum with Greedy-Dual-Size-
-Frequency aging: key = L + efficiency, where L is an inflation clock (the key of the last
-victim) recorded when the node was last touched. Efficiency there is already weighted by the
-node's reuse likelihood. A node that is not touched keeps its old L, so it ages relative to
-the others without any rescan; keys never need normalising, so no rebuilds either.
+``VictimQueue`` orders candidates by one of three keys, lowest evicted first: the paper's
+norm(recency) + alpha * norm(efficiency) (min-max bounds frozen between refreshes, so a heap
+with lazy invalidation orders them exactly; a rebuild when pushes exceed live candidates
+keeps an eviction amortised O(log n)); ``gdsf``, L + efficiency with L the last victim's key
+at the node's last touch; ``decay``, ticks of last use + tau * ln(efficiency).
 """
 from __future__ import annotations
 

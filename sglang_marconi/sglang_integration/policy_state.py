@@ -1,29 +1,11 @@
 """``MarconiPolicyState``: what the Marconi components consult while SGLang runs the tree.
 
-One per cache: the cost model, the ranking (reuse-weighted FLOPs per byte with GDSF aging,
-a ghost index and learned end-state admission; or, with an alpha, the paper's
-alpha-weighted recency plus FLOP efficiency), the per-request admission plans
-(``admission_plans.AdmissionPlans``, kept on the request objects) and the counters.
-
-Admission, in SGLang terms. A match reports ``mamba_branching_seqlen`` when the request's
-KV hit runs past the deepest state (SGLang's own branch detection, the paper's speculative
-insertion); SGLang snapshots that position during the prefill. With a cap of N states per
-request, ``policy.admission`` decides which states the tree keeps: the branch point and the
-final state (the last one SGLang tracked) first, then chunk-boundary snapshots, earliest
-first, while fewer than N; the others stay in the request's own ping-pong slot and are
-never published. The final state is admitted while the request has published fewer than N
-states, and always when it *is* the branch state (a branch in the last prefill chunk with
-no decode snapshot after it: SGLang's final state is then the branch snapshot). With a cap
-a KV-only leaf that the request merely extends (left behind when eviction took the state
-of a path's last node) is not a branch point (Marconi's speculative insertion would not
-split anything there), so the prefill snapshots the chunk end instead of that leaf's end
-(``MarconiUnifiedRadixCache``). Without a cap (the default) every state SGLang takes is
-admitted and FLOP-aware eviction decides which to keep.
-
-Recency of states is read on ``clock``: one tick per request, at its first match after
-it arrived or was retracted (the simulator's request clock); re-matches of a waiting
-request (one per scheduling round) neither tick it nor repeat the marconi+ ghost lookup
-while the ghost index is unchanged (``_ghost_lookup``), so their cost stays SGLang's match.
+One per cache: the cost model, the ranking (``policy.rankings``), the ghost index and
+learned end-state admission, the per-request admission plans and the counters. Admission
+keeps the branch point and the final state first, then chunk-boundary snapshots, while under
+the per-request cap (default: no cap, eviction decides). Recency is read on ``clock``, one
+tick per request at its first match since it arrived or was retracted; re-matches of a
+waiting request neither tick it nor repeat the ghost lookup.
 """
 from __future__ import annotations
 
