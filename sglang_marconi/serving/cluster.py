@@ -173,9 +173,10 @@ def summarize_cluster(cluster: Cluster, spec, cache: str, router: str, load,
 
 def run_cluster(cache_name: str, router_name: str, requests, setup, replicas: int,
                 load=None, rate_scale=None, progress: Optional[Callable] = None,
-                router_options: Optional[dict] = None):
-    """One (router, cache) run of ``replicas`` replicas; returns (summary, cluster)."""
-    cluster = build_cluster(cache_name, router_name, setup, replicas, router_options)
+                router_options: Optional[dict] = None, build: Optional[Callable] = None):
+    """One (router, cache) run of ``replicas`` replicas (``build``: how the cluster is
+    built, ``build_cluster`` by default); returns (summary, cluster)."""
+    cluster = (build or build_cluster)(cache_name, router_name, setup, replicas, router_options)
     times = cluster_arrivals(setup, requests, replicas, load, rate_scale)
     t0 = time.perf_counter()
     cluster.run(requests, times, progress)

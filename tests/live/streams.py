@@ -16,8 +16,11 @@ import contextlib
 import io
 import json
 import random
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import requests
 
 # the serving settings the stream is sized for (the live servers use exactly these)
 CHUNKED_PREFILL = 256
@@ -118,3 +121,22 @@ def replay_hits(server, record: Record, tmp_path: Path, cache: str, cache_flags=
     with contextlib.redirect_stdout(out):
         assert sglang_marconi_cli(argv) == 0
     return json.loads(out.getvalue())["caches"][cache]["hit_tokens_per_request"]
+
+
+def disconnect_mid_stream(server, first_token: int, clients: int, max_new_tokens: int) -> str:
+    """``clients`` streaming requests that hang up after three lines, then an idle round
+    (the scheduler's self-check, SGLang's leak check of KV, state and request slots);
+    returns the server's log written meanwhile, lower-cased."""
+    before = len(server.log_text())
+    for k in range(clients):
+        body = {"input_ids": [first_token + k] * 300, "stream": True,
+                "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True}}
+        with requests.post(server.url + "/generate", json=body, stream=True,
+                           timeout=30) as r:
+            for n, _ in enumerate(r.iter_lines()):
+                if n >= 3:
+                    break  # closing the response disconnects the client
+    assert server.wait_idle(), "requests of disconnected clients still running after 30 s"
+    time.sleep(1.0)  # an idle round: the scheduler's self-check
+    assert server.generate([5] * 50, 4)["meta_info"]["cached_tokens"] >= 0
+    return server.log_text()[before:].lower()

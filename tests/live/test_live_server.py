@@ -9,15 +9,12 @@ OpenAI ``usage``, ``/metrics``, the server's log (SGLang's own idle leak check).
 """
 from __future__ import annotations
 
-import time
-
 import pytest
-import requests
 
 from live_configs import page_size
 from server import AB_CACHES, LEARNED_ADMISSION
-from streams import (CHUNKED_PREFILL, KV_TOKENS, MAMBA_SLOTS, TRACK_INTERVAL, replay_hits,
-                     run_stream)
+from streams import (CHUNKED_PREFILL, KV_TOKENS, MAMBA_SLOTS, TRACK_INTERVAL,
+                     disconnect_mid_stream, replay_hits, run_stream)
 
 GRID = 64  # the checkpoint grid: lcm(FLA / Mamba2 chunk 64, page 1 or 16)
 
@@ -146,17 +143,5 @@ def test_clients_that_disconnect_mid_stream_leak_nothing(live):
     """Streaming clients that hang up mid-generation; once the server is idle, SGLang's
     own leak check (KV, state slots, request slots) runs and must stay silent."""
     (_, _, _), server = live
-    before = len(server.log_text())
-    for k in range(4):
-        body = {"input_ids": [11 + k] * 300, "stream": True,
-                "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}
-        with requests.post(server.url + "/generate", json=body, stream=True,
-                           timeout=30) as r:
-            for n, _ in enumerate(r.iter_lines()):
-                if n >= 3:
-                    break  # closing the response disconnects the client
-    assert server.wait_idle(), "requests of disconnected clients still running after 30 s"
-    time.sleep(1.0)  # an idle round: the scheduler's self-check
-    assert server.generate([5] * 50, 4)["meta_info"]["cached_tokens"] >= 0
-    log = server.log_text()[before:].lower()
+    log = disconnect_mid_stream(server, first_token=11, clients=4, max_new_tokens=400)
     assert "leak" not in log and "traceback" not in log, log[-3000:]

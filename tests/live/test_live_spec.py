@@ -17,14 +17,12 @@ stream, the hit counter, and SGLang's idle leak check in the log.
 """
 from __future__ import annotations
 
-import time
-
 import pytest
-import requests
 
 from live_configs import server_args
 from server import LiveServer
-from streams import KV_TOKENS, MAMBA_SLOTS, MAX_RUNNING, TRACK_INTERVAL, replay_hits, run_stream
+from streams import (KV_TOKENS, MAMBA_SLOTS, MAX_RUNNING, TRACK_INTERVAL, disconnect_mid_stream,
+                     replay_hits, run_stream)
 from tiny_models import write_tiny_model
 
 DRAFT_TOKENS = 4
@@ -107,17 +105,5 @@ def test_hit_counter_and_idle_leak_check(spec_server, record):
     assert spec_server.wait_idle()
     hits = spec_server.metric("sglang:marconi_hit_tokens_total")
     assert hits >= sum(record.hits()) > 0
-    before = len(spec_server.log_text())
-    for k in range(3):
-        body = {"input_ids": [20 + k] * 300, "stream": True,
-                "sampling_params": {"max_new_tokens": 300, "ignore_eos": True}}
-        with requests.post(spec_server.url + "/generate", json=body, stream=True,
-                           timeout=30) as r:
-            for n, _ in enumerate(r.iter_lines()):
-                if n >= 3:
-                    break
-    assert spec_server.wait_idle(), "requests of disconnected clients still running"
-    time.sleep(1.0)  # an idle round: the scheduler's self-check
-    assert spec_server.generate([5] * 50, 4)["meta_info"]["cached_tokens"] >= 0
-    log = spec_server.log_text()[before:].lower()
+    log = disconnect_mid_stream(spec_server, first_token=20, clients=3, max_new_tokens=300)
     assert "leak" not in log and "traceback" not in log, log[-3000:]

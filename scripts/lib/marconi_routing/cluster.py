@@ -11,13 +11,11 @@ what the replica reused.
 from __future__ import annotations
 
 import argparse
-import time
 from typing import Callable, Optional
 
 from marconi_routing.cost_routers import (AFFINITY_THRESHOLD, BRANCH_WEIGHT, LOAD_PENALTY,
                                           OWNER_TOKENS, CostRouter, make_cost_router)
-from sglang_marconi.serving.cluster import (Cluster, cluster_arrivals, replica_schedulers,
-                                            summarize_cluster)
+from sglang_marconi.serving.cluster import Cluster, replica_schedulers, run_cluster
 
 COST_ROUTERS = ("marconi", "oracle")
 
@@ -78,14 +76,9 @@ def run_cost_cluster(cache_name: str, router_name: str, requests, setup, replica
                      load=None, rate_scale=None, progress: Optional[Callable] = None,
                      router_options: Optional[dict] = None):
     """One (router, cache) run, as ``serving.cluster.run_cluster``; (summary, cluster)."""
-    cluster = build_cost_cluster(cache_name, router_name, setup, replicas, router_options)
-    times = cluster_arrivals(setup, requests, replicas, load, rate_scale)
-    t0 = time.perf_counter()
-    cluster.run(requests, times, progress)
-    summary = summarize_cluster(cluster, setup.spec, cache_name, router_name,
-                                load if rate_scale is None else None, time.perf_counter() - t0)
-    if rate_scale is not None:
-        summary["rate_scale"] = rate_scale
+    summary, cluster = run_cluster(cache_name, router_name, requests, setup, replicas, load,
+                                   rate_scale, progress, router_options,
+                                   build=build_cost_cluster)
     summary.update(replica_cache=replica_cache(cache_name, router_name),
                    router_admission=getattr(cluster.router, "admission", None),
                    router_corrections=getattr(cluster.router, "corrections", None))
