@@ -123,8 +123,9 @@ def test_renormalise_limit_picks_the_rule():
 
 
 def test_internal_settings_are_python_api_only():
-    """renormalise_limit, ghost_factor and end_threshold are internal defaults: fields of
-    MarconiSettings (handed over to the scheduler), no launcher flag."""
+    """renormalise_limit, ghost_factor, end_threshold and the ranking's ablation fields are
+    internal defaults: fields of MarconiSettings (handed over to the scheduler), no
+    launcher flag."""
     import argparse
 
     parser = argparse.ArgumentParser()
@@ -138,6 +139,13 @@ def test_internal_settings_are_python_api_only():
         MarconiSettings(renormalise_limit=-2)
     with pytest.raises(ValueError, match="end_threshold: expected a number in"):
         MarconiSettings(end_threshold=2.0)
+    s = MarconiSettings(branch_bonus=0.0, chain_weight=0.5, ghost_branch="fill", decay=True)
+    assert MarconiSettings.from_env(s.to_env()) == s
+    assert (MarconiSettings().ghost_branch, MarconiSettings().chain_weight) == ("beyond", None)
+    with pytest.raises(ValueError, match="ghost_branch: expected one of beyond, fill, off"):
+        MarconiSettings(ghost_branch="deeper")
+    with pytest.raises(ValueError, match="chain_weight: expected a number >= 0"):
+        MarconiSettings(chain_weight=-1)
 
 
 # -- the reuse-weighted ranking (the default) -------------------------------------------------

@@ -1,8 +1,5 @@
-"""Every default of the Marconi / marconi+ policy, in one place.
-
-The simulator (``policy.cache``, ``sim.policies``), the settings schema
-(``sglang_integration.options``) and the A/B command (``cli.ab``) read these names; a
-default changed here changes everywhere.
+"""Every default of the Marconi policy, in one place: the simulator, the settings schema
+and ``ab`` read these names.
 """
 from __future__ import annotations
 

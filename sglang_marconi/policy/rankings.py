@@ -118,13 +118,9 @@ class DecayRanking(ReuseWeightedRanking):
 
     def observe_distance(self, ticks: float) -> bool:
         """A hit consumed a state last used ``ticks`` ago; True when tau moved."""
-        self.distance_sum += max(0.0, ticks)
-        self.distances += 1
+        self.distance_sum, self.distances = self.distance_sum + max(0.0, ticks), self.distances + 1
         mean = self.distance_sum / self.distances
         if self.tau / self.STEP <= mean <= self.tau * self.STEP:
             return False
         self.tau = self.STEP ** round(math.log(max(mean, 1.0), self.STEP))
         return True
-
-    def host_mode(self, host_rule: str) -> Optional[str]:
-        return None

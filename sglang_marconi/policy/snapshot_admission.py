@@ -1,29 +1,15 @@
-"""Which of the snapshots SGLang takes for one request the Marconi tree keeps.
+"""Which of the snapshots SGLang takes for one request the Marconi tree keeps (the rule the
+plugin's ``admission_plans`` runs, framework-free).
 
-The rule the plugin (``sglang_integration/admission_plans.py``) runs, framework-free.
+SGLang (extra_buffer) offers a request's states one at a time: the branch snapshot, one per
+chunked-prefill boundary, the last prefill chunk's and the final one. The plan made at the
+match keeps the branch point always; chunk-boundary states while the per-request budget
+lasts; an end state unless the learned end-state usefulness refuses it (kept when a host tier
+backs nodes up on a later insert) or the cap is reached.
 
-SGLang 0.5.23 (extra_buffer) offers a request's states one at a time: the branch snapshot,
-one at every chunked-prefill boundary, the last prefill chunk's (``checkpoint_kv_cache``
-after an unfinished prefill publishes it: the request's end state unless a decode snapshot
-follows) and the final state at finish. The plan made when the request matches
-(``new_plan``) decides each offer:
-
-- the planned branch point (``admission.branch_checkpoint``): always;
-- a chunk-boundary state: while the per-request budget lasts (the cap less the places kept
-  for the branch point and the final state);
-- an end state (the last chunk's or the final one): counted once in marconi+'s end-state
-  reuse rate, then refused when marconi+'s learned usefulness says end states are rarely
-  reused (``likelihood.EndStateUsefulness``), unless a host tier backs nodes up on a later
-  insert (``keeps_tail_for_backup``: ``host_tier.tail_counts_toward_backup``), or when the
-  cap is reached; a final state at the position the last chunk already offered gets the
-  same answer, counted once.
-
-``SnapshotAdmission`` is a mixin: the class using it provides ``max_states`` (per request;
-``defaults.NO_CAP`` for none), ``grid``, ``ghost`` (the ghost index or None),
-``end_usefulness`` and ``reuse`` (marconi+'s learned parts or None), ``stats`` (with an
-``end_states_skipped`` counter), ``snapshot_rejected()`` (a chunk or end state refused by
-the budget or the cap) and ``chain_weight_moved()`` (what to do when the learned chain
-weight moves); it may override ``keeps_tail_for_backup()`` (False here: no host tier).
+``SnapshotAdmission`` is a mixin: the class using it provides ``max_states``, ``grid``,
+``ghost``, ``end_usefulness`` and ``reuse`` (or None), ``stats``, ``snapshot_rejected()``
+and ``chain_weight_moved()`` (what to do when the learned chain weight moves).
 """
 from __future__ import annotations
 

@@ -125,13 +125,12 @@ class _ScoredQueue:
 
     queue = None
 
-    counter_recency = False  # recency keyed on SGLang's access counter (FULL)
-
     def reset_queue(self) -> None:
         policy = self.cache.marconi
+        # FULL leaves' recency is SGLang's access counter, read on the request clock
+        ticks = policy.ticks_of if self.component_type == FULL else None
         self.queue = VictimQueue(policy.alpha, mode=policy.queue_mode,
-                                 tau=getattr(policy.ranking, "tau", 1.0),
-                                 to_ticks=policy.ticks_of if self.counter_recency else None)
+                                 tau=getattr(policy.ranking, "tau", 1.0), to_ticks=ticks)
 
     def _walk_start(self) -> None:
         policy = self.cache.marconi
@@ -422,8 +421,6 @@ class _LeafSet(set):
 
 class MarconiFullComponent(_ScoredQueue, FullComponent):
     """FULL component: evictable leaves leave in utility order instead of LRU order."""
-
-    counter_recency = True
 
     def reset_queue(self) -> None:
         super().reset_queue()

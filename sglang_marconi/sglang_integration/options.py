@@ -21,6 +21,7 @@ POLICIES = ("lru", "marconi", "marconi+")
 DEPRECATED_POLICIES = {"marconi+": "marconi"}
 ENV_SETTINGS = "SGLANG_MARCONI_SETTINGS"
 HOST_RULES = ("ranked", "lru")
+GHOST_BRANCHES = ("beyond", "fill", "off")
 
 # flags that the Marconi cache cannot honour (dest -> reason)
 _CONFLICTS = {
@@ -56,10 +57,12 @@ def _states(value):
     return value
 
 
-def _host_rule(value):
-    if value not in HOST_RULES:
-        raise ValueError(f"one of {', '.join(HOST_RULES)}, got {value!r}")
-    return value
+def _one_of(choices):
+    def check(value):
+        if value not in choices:
+            raise ValueError(f"one of {', '.join(choices)}, got {value!r}")
+        return value
+    return check
 
 
 def _limit(value):
@@ -104,7 +107,7 @@ class MarconiSettings:
              "state first, then chunk-boundary states (2 is the paper's admission; -1, the "
              "default, admits every state SGLang takes and lets eviction choose).")
     host_rule: str = _setting(
-        defaults.HOST_RULE, _host_rule, flag="--marconi-host-rule", choices=HOST_RULES,
+        defaults.HOST_RULE, _one_of(HOST_RULES), flag="--marconi-host-rule", choices=HOST_RULES,
         help="With --enable-hierarchical-cache: ranked (default) ranks host victims by the "
              "FLOPs a host hit saves net of its PCIe load per host byte; lru leaves them to "
              "SGLang's host LRU.")
@@ -123,6 +126,11 @@ class MarconiSettings:
         defaults.CHAIN_WEIGHT, _alpha,
         help="Without an alpha: the reuse weight of a chain state (one child, never a "
              "branch point); unset: learned on the ghost index.")
+    ghost_branch: str = _setting(
+        "beyond", _one_of(GHOST_BRANCHES),
+        help="Without an alpha, under extra_buffer: where the ghost index's branch point is "
+             "snapshotted in the prefill: beyond (in place of SGLang's own branch when "
+             "deeper), fill (only where SGLang's match found none) or off.")
     decay: bool = _setting(
         False, bool,
         help="Without an alpha: discount the reuse-weighted ranking by exp(-age / tau), tau "

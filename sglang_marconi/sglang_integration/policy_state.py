@@ -227,17 +227,21 @@ class MarconiPolicyState(AdmissionPlans):
     def ghost_branch(self, req, result):
         """marconi+: where the input leaves the sequences the ghost index remembers (past
         evictions), on the checkpoint grid, as the branch SGLang snapshots in the prefill
-        when it lies beyond both the hit and SGLang's own branch (extra_buffer only); and
+        when it lies beyond the hit and SGLang's own branch (``ghost_branch`` beyond), or
+        where SGLang's match found no branch (fill); extra_buffer only; and
         the ghost index's answer (``ghost.GhostAnswer``: whether the input reaches a
         remembered end, any mode; how it leaves the remembered sequences). Returns
         (result, answer), answer None without a ghost index."""
         if self.ghost is None:
             return result, None
         answer = self._ghost_lookup(req)
-        if not self.extra_buffer:
+        rule = self.settings.ghost_branch
+        if not self.extra_buffer or rule == "off":
             return result, answer  # no prefill snapshots a branch
         branch = answer.branch // self.grid * self.grid
         current = result.mamba_branching_seqlen or 0
+        if rule == "fill" and current:
+            return result, answer
         if branch > max(current, result.device_prefix_len):
             result = result._replace(mamba_branching_seqlen=branch)
         return result, answer
