@@ -219,9 +219,9 @@ class MarconiMambaComponent(_ScoredQueue, MambaComponent):
     def refresh_lru(self, phase, node, root_node) -> None:
         super().refresh_lru(phase, node, root_node)
         if phase == LRURefreshPhase.MATCH_END and has_state(node):
-            last = state_recency(node)
-            if last < self.cache.marconi.clock:  # the first match this tick
-                node.marconi_reuse_distance = self.cache.marconi.clock - last
+            policy = self.cache.marconi  # the decay ranking learns from reuse distances
+            if policy.ranking.queue_mode == "decay" and state_recency(node) < policy.clock:
+                node.marconi_reuse_distance = policy.clock - state_recency(node)  # 1st match
             _stamp(node, self.cache.marconi.clock)
             self.cache.marconi.matched(node)
             self.track(node)
