@@ -16,12 +16,15 @@ worst ratio, over all cells and over the cells that bind with at least 100 stock
 writes ``cells.jsonl`` and ``summary.md`` to ``--out`` (default results/policy_matrix/).
 
 Usage: .venv/bin/python scripts/policy_matrix.py [--seeds 0,1,2] [--traces a,b]
-       [--candidate NAME='{"field": value}'] [--out DIR] [--limit-cells N]
+       [--candidate NAME='{"field": value}'] [--out DIR] [--limit-cells N] [--jobs N]
+       [--resume]
 """
 from __future__ import annotations
 
 import argparse
+import concurrent.futures as futures
 import json
+import multiprocessing
 import statistics
 import subprocess
 import sys
@@ -78,6 +81,39 @@ def describe(rows, name="marconi") -> dict:
             "judged_worst": min(judged, default=float("nan"))}
 
 
+def resumed(path: Path, order: dict) -> dict:
+    """An earlier run's rows (``cells.jsonl``) for this run's cells, by name."""
+    if not path.exists():
+        return {}
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
+            if line.strip()]
+    return {r["name"]: r for r in rows if r["name"] in order}
+
+
+def run_group(group, bundled, sizes, candidates, earlier) -> list:
+    """The cells of one (trace, seed, model), in order: [(cell, size, row)], calibrating
+    the cells ``sizes`` (name -> size) lacks; a cell's row in ``earlier`` keeps its
+    columns and gains only the candidates it lacks."""
+    trace = build(group[0].trace, group[0].seed, bundled)
+    fps = []  # the footprint, run once if a cell needs it
+
+    def fp():
+        fps[:] = fps or [mc.footprint(trace, group[0].model)]
+        return fps[0]
+
+    out = []
+    for cell in group:
+        size = sizes.get(cell.name) or mc.calibrate(cell, trace, fp())
+        row = earlier.get(cell.name)
+        if row is None:
+            row = mc.run_cell(cell, trace, fp(), size, candidates)
+        else:
+            missing = {n: c for n, c in candidates.items() if n not in row["columns"]}
+            row["columns"].update(mc.run_candidates(cell, trace, size, missing))
+        out.append((cell, size, row))
+    return out
+
+
 def cell_line(row, names) -> str:
     s = row["columns"]["stock"]
     parts = [f"{row['name']:42s}", f"{row['cache_gb']:7.1f} GiB",
@@ -104,6 +140,11 @@ def main(argv=None) -> int:
                     help="the calibrated cell sizes (stock alone), read and extended")
     ap.add_argument("--limit-cells", type=int, default=None, help="the first N cells only")
     ap.add_argument("--bundled", default=str(BUNDLED))
+    ap.add_argument("--resume", action="store_true",
+                    help="keep what --out's cells.jsonl holds: its cells' columns, running "
+                         "only the candidates a cell lacks")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="processes, one (trace, seed, model) group of cells each")
     args = ap.parse_args(argv)
     try:
         seeds = [int(x) for x in args.seeds.split(",") if x]
@@ -121,30 +162,43 @@ def main(argv=None) -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, cwd=ROOT).stdout.strip() or "?"
     names = ["marconi", *candidates]
-    built, fps, rows = {}, {}, []
     sizes_path = Path(args.sizes)
     sizes_path.parent.mkdir(parents=True, exist_ok=True)
     sizes = (json.loads(sizes_path.read_text(encoding="utf-8")) if sizes_path.exists()
              else {})
+    groups = {}
+    for cell in todo:
+        groups.setdefault((cell.trace, cell.seed, cell.model), []).append(cell)
+    order = {cell.name: i for i, cell in enumerate(todo)}
+    earlier = resumed(out / "cells.jsonl", order) if args.resume else {}
+    rows = [r for r in earlier.values() if all(n in r["columns"] for n in names)]
+    done = {r["name"] for r in rows}
+    groups = [[c for c in g if c.name not in done] for g in groups.values()]
     t0 = time.time()
+    partial = open(out / "cells.jsonl", "w", encoding="utf-8")  # as done; sorted at the end
+    partial.writelines(json.dumps(row) + "\n" for row in rows)
+    spawn = multiprocessing.get_context("spawn")
+    with partial, futures.ProcessPoolExecutor(max(1, args.jobs), mp_context=spawn) as pool:
+        jobs = [pool.submit(run_group, g, args.bundled,
+                            {c.name: sizes[c.name] for c in g if c.name in sizes}, candidates,
+                            {c.name: earlier[c.name] for c in g if c.name in earlier})
+                for g in groups if g]
+        bar = tqdm(total=len(todo), initial=len(rows), desc="cells", unit="cell",
+                   disable=not sys.stderr.isatty())
+        for job in futures.as_completed(jobs):
+            for cell, size, row in job.result():
+                sizes[cell.name] = size
+                rows.append(row)
+                partial.write(json.dumps(row) + "\n")
+                partial.flush()
+                print(cell_line(row, names), flush=True)
+                bar.update()
+            sizes_path.write_text(json.dumps(sizes, indent=1, sort_keys=True) + "\n",
+                                  encoding="utf-8")
+        bar.close()
+    rows.sort(key=lambda r: order[r["name"]])
     with open(out / "cells.jsonl", "w", encoding="utf-8") as fh:
-        for cell in tqdm(todo, desc="cells", unit="cell", disable=not sys.stderr.isatty()):
-            key = (cell.trace, cell.seed)
-            if key not in built:
-                built[key] = build(cell.trace, cell.seed, args.bundled)
-            trace = built[key]
-            if (key, cell.model) not in fps:
-                fps[(key, cell.model)] = mc.footprint(trace, cell.model)
-            fp = fps[(key, cell.model)]
-            if cell.name not in sizes:
-                sizes[cell.name] = mc.calibrate(cell, trace, fp)
-                sizes_path.write_text(json.dumps(sizes, indent=1, sort_keys=True) + "\n",
-                                      encoding="utf-8")
-            row = mc.run_cell(cell, trace, fp, sizes[cell.name], candidates)
-            rows.append(row)
-            fh.write(json.dumps(row) + "\n")
-            fh.flush()
-            print(cell_line(row, names), flush=True)
+        fh.writelines(json.dumps(row) + "\n" for row in rows)
     minutes = (time.time() - t0) / 60
     lines = [f"`python scripts/policy_matrix.py --seeds {args.seeds}` at commit {commit}: "
              f"{len(rows)} cells in {minutes:.0f} min; ratio = FLOPs saved / stock's", "",

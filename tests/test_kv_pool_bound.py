@@ -7,6 +7,7 @@ to the never-evicting KV-only ceiling, which a pool holding every token reaches;
 script prints it above what SGLang's own stock and Marconi caches save on the same static
 pools, and refuses a unified buffer, a pool too small and an unknown cache in one line.
 """
+import importlib.util
 import json
 import subprocess
 import sys
@@ -124,7 +125,14 @@ def run_script(*args):
                           text=True, cwd=ROOT, timeout=600)
 
 
-def test_script_prints_the_bound_and_refuses_bad_pools():
+def script_main():
+    spec = importlib.util.spec_from_file_location("kv_pool_bound_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+def test_script_prints_the_bound_and_refuses_bad_pools(capsys):
     out = run_script("--limit", "1000", "--kv-tokens", "150000", "--mamba-slots", "500",
                      "--json")
     assert out.returncode == 0, out.stderr
@@ -132,21 +140,24 @@ def test_script_prints_the_bound_and_refuses_bad_pools():
     assert set(result["caches"]) == {"stock", "marconi"}
     assert all(0 < v <= result["bound"] for v in result["caches"].values())
     assert result["bound"] < result["never_evicting_kv_only"]  # the pool binds
-    text = run_script("--limit", "1000", "--kv-tokens", "150000", "--mamba-slots", "500")
-    assert "upper bound" in text.stdout and "of the bound" in text.stdout
-    unified = run_script("--limit", "10", "--cache-gb", "100", "--memory", "unified")
-    assert unified.returncode == 2 and "static layout" in unified.stderr
-    assert len(unified.stderr.strip().splitlines()) == 1
-    small = run_script("--limit", "10", "--kv-tokens", "1000", "--mamba-slots", "50")
-    assert small.returncode == 2 and "--kv-tokens 1000" in small.stderr
-    gone = run_script("--limit", "10", "--kv-tokens", "150000", "--mamba-slots", "50",
-                      "--caches", "sglang")
-    assert gone.returncode == 2 and "--caches: unknown sglang" in gone.stderr
+    main = script_main()  # the table and the refusals in this process
+    assert main(["--limit", "300", "--kv-tokens", "150000", "--mamba-slots", "500"]) == 0
+    text = capsys.readouterr().out
+    assert "upper bound" in text and "of the bound" in text
+    for argv, message in (
+            (["--cache-gb", "100", "--memory", "unified"], "static layout"),
+            (["--kv-tokens", "1000", "--mamba-slots", "50"], "--kv-tokens 1000"),
+            (["--kv-tokens", "150000", "--mamba-slots", "50", "--caches", "sglang"],
+             "--caches: unknown sglang")):
+        assert main(["--limit", "10", *argv]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err
 
 
-def test_script_refuses_a_session_trace(tmp_path):
+def test_script_refuses_a_session_trace(tmp_path, capsys):
     trace = tmp_path / "chat.jsonl"
     trace.write_text(json.dumps({"input_tokens": [1, 2, 3], "output_tokens": [4]}) + "\n")
-    out = run_script("--trace", str(trace), "--kv-tokens", "1000", "--mamba-slots", "50")
-    assert out.returncode == 2 and "Mooncake trace" in out.stderr
-    assert len(out.stderr.strip().splitlines()) == 1
+    assert script_main()(["--trace", str(trace), "--kv-tokens", "1000",
+                          "--mamba-slots", "50"]) == 2
+    err = capsys.readouterr().err
+    assert "Mooncake trace" in err and len(err.strip().splitlines()) == 1

@@ -99,3 +99,26 @@ def test_ab_end_threshold_from_the_python_api(mooncake_path):
     assert learned["end_states_skipped"] > 0
     assert keep_all["end_states_skipped"] == 0
     assert keep_all["states_admitted"]["final"] > learned["states_admitted"]["final"]
+
+def test_ab_turns_sglangs_out_of_memory_into_one_line(mooncake_path, monkeypatch):
+    """SGLang's allocator running out mid-trace (pools that fit the longest request but not
+    what the states and running requests hold with it) is a one-line error, not a
+    traceback; any other RuntimeError still propagates."""
+    from sglang_marconi.driver.replay import Replayer
+
+    def oom(self, rr):
+        raise RuntimeError("Decode out of memory. Try to lower your batch size.\n"
+                           "Try to allocate 1 tokens.\nAvailable full tokens: 0\nmore")
+
+    monkeypatch.setattr(Replayer, "run", oom)
+    argv = ("--trace", str(mooncake_path), "--model", "qwen3_next", "--kv-tokens", "300000",
+            "--mamba-slots", "16", "--limit", "3", "--caches", "stock", "--no-progress")
+    with pytest.raises(UserError) as err:
+        _run_cli(*argv)
+    assert str(err.value).startswith("stock: SGLang raised 'Decode out of memory.")
+    assert "Try to allocate 1 tokens.; Available full tokens: 0)" in str(err.value)
+    assert "at request 1:" in str(err.value) and "\n" not in str(err.value)
+    monkeypatch.setattr(Replayer, "run", lambda self, rr: (_ for _ in ()).throw(
+        RuntimeError("something else")))
+    with pytest.raises(RuntimeError, match="something else"):
+        _run_cli(*argv)

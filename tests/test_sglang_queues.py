@@ -139,9 +139,9 @@ def test_internal_settings_are_python_api_only():
         MarconiSettings(renormalise_limit=-2)
     with pytest.raises(ValueError, match="end_threshold: expected a number in"):
         MarconiSettings(end_threshold=2.0)
-    s = MarconiSettings(branch_bonus=0.0, chain_weight=0.5, ghost_branch="fill", decay=True)
+    s = MarconiSettings(branch_bonus=0.0, chain_weight=0.5, ghost_branch="beyond", decay=True)
     assert MarconiSettings.from_env(s.to_env()) == s
-    assert (MarconiSettings().ghost_branch, MarconiSettings().chain_weight) == ("beyond", None)
+    assert (MarconiSettings().ghost_branch, MarconiSettings().chain_weight) == ("fill", None)
     with pytest.raises(ValueError, match="ghost_branch: expected one of beyond, fill, off"):
         MarconiSettings(ghost_branch="deeper")
     with pytest.raises(ValueError, match="chain_weight: expected a number >= 0"):

@@ -19,6 +19,7 @@ from tqdm import tqdm
 from sglang_marconi.driver import host_tier
 from sglang_marconi.driver.pools import PoolConfig, build_cache
 from sglang_marconi.driver.replay import Replayer, ReplayRequest
+from sglang_marconi.errors import UserError, sglang_oom
 from sglang_marconi.harness.timing import CallTimer, GCPauses, quantile
 from sglang_marconi.policy import defaults
 from sglang_marconi.sglang_integration.options import MarconiSettings
@@ -243,9 +244,17 @@ def _run_one(name, cache, requests, cfg, progress, per_request) -> dict:
     times, hits, losts = [], [], []
     with pauses:
         t0 = time.perf_counter()
-        for rr in requests:
+        for i, rr in enumerate(requests):
             gc0 = pauses.total
-            out = replayer.run(rr)
+            try:
+                out = replayer.run(rr)
+            except RuntimeError as exc:
+                oom = sglang_oom(exc)
+                if oom is None:
+                    raise
+                raise UserError(f"{name}: {oom} at request {i + 1:,}: the pools are too small "
+                                "for this trace (as a server, the scheduler would exit): "
+                                "give more memory") from None
             if cfg.l3:
                 host_tier.settle(cache)  # later scheduler iterations ack the L3 backups
             # the cache's own time: the collector's pauses during the request are reported

@@ -18,6 +18,7 @@ from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 from sglang_marconi.driver.lost_reuse import track_lost_reuse
+from sglang_marconi.errors import sglang_oom
 from sglang_marconi.driver import host_tier
 from sglang_marconi.policy import defaults
 from sglang_marconi.driver.replay import _output_token, sampling_params
@@ -26,24 +27,14 @@ from sglang_marconi.harness.timing import GCPauses
 from sglang_marconi.serving.clock import CacheTimer
 
 
-# the first words of the RuntimeErrors SGLang's allocators raise when memory runs out
-# (mem_cache/allocation.py): the scheduler process, and so the server, exits on them
-SGLANG_OOM_PREFIXES = ("Prefill out of memory", "Decode out of memory", "Out of memory",
-                       "alloc_req_slots runs out of memory")
-
-
 class ServerCrash(RuntimeError):
     """SGLang's scheduler raised where a real server's scheduler process would exit."""
 
 
 def crash_description(exc: RuntimeError, now: float, completed: int) -> Optional[str]:
     """One line for an SGLang allocation failure (None for any other RuntimeError)."""
-    lines = str(exc).strip().splitlines()
-    if not lines or not lines[0].startswith(SGLANG_OOM_PREFIXES):
-        return None
-    detail = "; ".join(line.strip() for line in lines[1:3])
-    return (f"SGLang raised '{lines[0]}' ({detail}) at t={now:.1f} s, after "
-            f"{completed:,} requests completed")
+    oom = sglang_oom(exc)
+    return oom and f"{oom} at t={now:.1f} s, after {completed:,} requests completed"
 
 
 @dataclass(frozen=True)

@@ -127,10 +127,10 @@ class MarconiSettings:
         help="Without an alpha: the reuse weight of a chain state (one child, never a "
              "branch point); unset: learned on the ghost index.")
     ghost_branch: str = _setting(
-        "beyond", _one_of(GHOST_BRANCHES),
+        "fill", _one_of(GHOST_BRANCHES),
         help="Without an alpha, under extra_buffer: where the ghost index's branch point is "
-             "snapshotted in the prefill: beyond (in place of SGLang's own branch when "
-             "deeper), fill (only where SGLang's match found none) or off.")
+             "snapshotted in the prefill: fill (only where SGLang's match found none), "
+             "beyond (also in place of SGLang's own branch when deeper) or off.")
     decay: bool = _setting(
         False, bool,
         help="Without an alpha: discount the reuse-weighted ranking by exp(-age / tau), tau "

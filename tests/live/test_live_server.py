@@ -3,7 +3,7 @@
 Every test runs against each configuration of ``conftest.CONFIGS`` (Qwen3-Next and
 Nemotron-H; no_buffer with the normal loop, extra_buffer with SGLang's default overlap
 loop; stock, ``--cache-policy marconi`` with default flags, and with the paper's ranking
-(``--marconi-alpha 1``: ``marconi-alpha``)), one server per
+(``--marconi-alpha 1``: ``marconi-alpha``, under extra_buffer), one server per
 configuration. What is asserted comes from the server: ``meta_info.cached_tokens``, the
 OpenAI ``usage``, ``/metrics``, the server's log (SGLang's own idle leak check).
 """

@@ -37,7 +37,8 @@ LAYOUT = (("qwen3_next", "static", 0.25), ("qwen3_next", "static", 0.75),
 FIRST_GUESS = {0.25: 0.05, 0.50: 0.15, 0.75: 0.40}  # share of the held footprint
 TOLERANCE = 0.06  # calibration stops within this relative distance of the target share
 MAX_RUNS = 8  # stock runs per calibration at most
-TOO_SMALL = ("cannot hold the longest request", "is too small for")  # ab's refusals
+TOO_SMALL = ("cannot hold the longest request", "is too small for",
+             "the pools are too small for this trace")  # ab's refusals
 BINDS = 0.10  # a cell binds when stock evicts at least this share of the KV it inserts
 MIN_GAP = 0.005  # the gap share needs this much headroom between stock and the ceiling
 
@@ -175,16 +176,23 @@ def run_cell(cell: Cell, trace, fp: dict, size: dict, candidates: dict) -> dict:
     base = ["--model", cell.model, "--memory", cell.memory, "--json", "--no-progress",
             "--per-request", "--cache-gb", f"{gb:.6g}"]
     res = run_ab([*base, "--caches", "stock,marconi"], trace)
-    cols = {"stock": res["caches"]["stock"], "marconi": res["caches"]["marconi"]}
-    for name, settings in candidates.items():
-        cand = run_ab([*base, "--caches", "marconi"], trace, settings)
-        cols[name] = cand["caches"]["marconi"]
+    cols = {"stock": summary_of(res["caches"]["stock"]),
+            "marconi": summary_of(res["caches"]["marconi"]),
+            **run_candidates(cell, trace, size, candidates)}
     return {"cell": asdict(cell), "name": cell.name, "cache_gb": gb,
             "size_fraction": gb * GB / fp["held_bytes"], "held_bytes": fp["held_bytes"],
             "reused_bytes": fp["reused_bytes"], "stock_share_target": size["stock_share"],
             "ceiling": fp["ceiling"], "requests": len(trace),
             "output_tokens": sum(r.output_len for r in trace.requests),
-            "columns": {k: summary_of(v) for k, v in cols.items()}}
+            "columns": cols}
+
+
+def run_candidates(cell: Cell, trace, size: dict, candidates: dict) -> dict:
+    """Each candidate's column (name -> ``MarconiSettings``) on the cell at ``size``."""
+    base = ["--model", cell.model, "--memory", cell.memory, "--json", "--no-progress",
+            "--per-request", "--cache-gb", f"{size['cache_gb']:.6g}"]
+    return {name: summary_of(run_ab([*base, "--caches", "marconi"], trace, settings)
+                             ["caches"]["marconi"]) for name, settings in candidates.items()}
 
 
 def summary_of(col: dict) -> dict:
