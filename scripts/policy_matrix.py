@@ -25,6 +25,7 @@ import argparse
 import concurrent.futures as futures
 import json
 import multiprocessing
+import shlex
 import statistics
 import subprocess
 import sys
@@ -93,7 +94,7 @@ def resumed(path: Path, order: dict) -> dict:
 def run_group(group, bundled, sizes, candidates, earlier) -> list:
     """The cells of one (trace, seed, model), in order: [(cell, size, row)], calibrating
     the cells ``sizes`` (name -> size) lacks; a cell's row in ``earlier`` keeps its
-    columns and gains only the candidates it lacks."""
+    columns and gains only the policies it lacks."""
     trace = build(group[0].trace, group[0].seed, bundled)
     fps = []  # the footprint, run once if a cell needs it
 
@@ -108,10 +109,32 @@ def run_group(group, bundled, sizes, candidates, earlier) -> list:
         if row is None:
             row = mc.run_cell(cell, trace, fp(), size, candidates)
         else:
-            missing = {n: c for n, c in candidates.items() if n not in row["columns"]}
+            missing = {n: c for n, c in {"marconi": None, **candidates}.items()
+                       if n not in row["columns"]}  # marconi: the defaults
             row["columns"].update(mc.run_candidates(cell, trace, size, missing))
         out.append((cell, size, row))
     return out
+
+
+def gain_table(rows, name) -> list:
+    """The README's gain table: ``name`` against stock per model and memory mode, the
+    median over the cells beside the worst cell."""
+    lines = [f"{name}: prefill FLOPs saved over stock's, per model and memory mode", "",
+             "| model | memory | cells | stock saves (median) | median | worst (cell) |",
+             "|---|---|---|---|---|---|"]
+    for model in dict.fromkeys(r["cell"]["model"] for r in rows):
+        for memory in ("static", "unified"):
+            part = [r for r in rows if (r["cell"]["model"], r["cell"]["memory"]) == (model, memory)
+                    and mc.ratio(r, name) is not None]
+            if not part:
+                continue
+            worst = min(part, key=lambda r: mc.ratio(r, name))
+            stock = quantile([r["columns"]["stock"]["flops_saved_fraction"] for r in part], 0.5)
+            median = quantile([mc.ratio(r, name) for r in part], 0.5)
+            lines.append(f"| {model} | {memory} | {len(part)} | {stock:.1%} | {median:.2f}x | "
+                         f"{mc.ratio(worst, name):.2f}x ({worst['cell']['trace']}, "
+                         f"stock at {worst['cell']['target']:.0%} of the ceiling) |")
+    return lines
 
 
 def cell_line(row, names) -> str:
@@ -142,7 +165,7 @@ def main(argv=None) -> int:
     ap.add_argument("--bundled", default=str(BUNDLED))
     ap.add_argument("--resume", action="store_true",
                     help="keep what --out's cells.jsonl holds: its cells' columns, running "
-                         "only the candidates a cell lacks")
+                         "only the policies a cell lacks")
     ap.add_argument("--jobs", type=int, default=1,
                     help="processes, one (trace, seed, model) group of cells each")
     args = ap.parse_args(argv)
@@ -200,8 +223,10 @@ def main(argv=None) -> int:
     with open(out / "cells.jsonl", "w", encoding="utf-8") as fh:
         fh.writelines(json.dumps(row) + "\n" for row in rows)
     minutes = (time.time() - t0) / 60
-    lines = [f"`python scripts/policy_matrix.py --seeds {args.seeds}` at commit {commit}: "
-             f"{len(rows)} cells in {minutes:.0f} min; ratio = FLOPs saved / stock's", "",
+    command = shlex.join(["python", "scripts/policy_matrix.py",
+                          *(sys.argv[1:] if argv is None else argv)])
+    lines = [f"`{command}` at commit {commit}: {len(rows)} cells ({len(earlier)} resumed) "
+             f"in {minutes:.0f} min; ratio = FLOPs saved / stock's", "",
              "| policy | cells | median | p10 | worst (cell) | binding cells with >= "
              f"{MIN_HITS} stock hits: n, median, p10, worst |", "|---|---|---|---|---|---|"]
     for n in names:
@@ -210,6 +235,8 @@ def main(argv=None) -> int:
                      f"{d['worst']:.3f}x ({d['worst_cell']}) | {d['judged_cells']}, "
                      f"{d['judged_median']:.3f}x, {d['judged_p10']:.3f}x, "
                      f"{d['judged_worst']:.3f}x |")
+    for n in names:
+        lines += ["", *gain_table(rows, n)]
     (out / "summary.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n" + "\n".join(lines))
     return 0

@@ -10,7 +10,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "sglang_marconi"
 # ceilings (the one-product issue's target is 11,000 lines and 7,500 code lines): lower
 # them as the package shrinks, never raise them
-MAX_LINES = 10_990
+MAX_LINES = 10_975
 MAX_CODE_LINES = 8_260
 
 

@@ -95,3 +95,38 @@ def test_reused_prefixes_count_the_union_of_hit_prefixes_once():
     assert mc.reused_prefixes(trace, [0, 192, 130]) == (192, 2)
     with pytest.raises(mc.UserError, match="2 hit lengths for 3"):
         mc.reused_prefixes(trace, [0, 1])
+
+
+def _matrix_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "policy_matrix.py"
+    spec = importlib.util.spec_from_file_location("policy_matrix_script", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gain_table_puts_the_worst_cell_beside_the_median_and_resume_keeps_known_cells(
+        tmp_path):
+    import json
+
+    pm = _matrix_script()
+    rows = []
+    for i, (model, memory, stock, marconi) in enumerate(
+            [("qwen3_next", "static", 0.2, 0.3), ("qwen3_next", "static", 0.2, 0.18),
+             ("qwen3_next", "static", 0.4, 0.5), ("nemotron_h", "unified", 0.1, 0.2)]):
+        row = _row(stock, marconi, 0.6, 0)
+        row["cell"] = {"trace": f"t{i}", "model": model, "memory": memory, "target": 0.25}
+        row["name"] = f"t{i}"
+        rows.append(row)
+    table = pm.gain_table(rows, "marconi")
+    assert table[4] == ("| qwen3_next | static | 3 | 20.0% | 1.25x | 0.90x (t1, stock at 25% "
+                        "of the ceiling) |")
+    assert table[5].startswith("| nemotron_h | unified | 1 | 10.0% | 2.00x | 2.00x (t3")
+    assert len(table) == 6  # no rows for a pairing without cells
+    path = tmp_path / "cells.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert set(pm.resumed(path, {"t1": 0, "t3": 1, "t9": 2})) == {"t1", "t3"}
+    assert pm.resumed(tmp_path / "none.jsonl", {"t1": 0}) == {}

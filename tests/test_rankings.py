@@ -68,3 +68,19 @@ def test_decay_ranking_learns_the_mean_reuse_distance_in_steps():
     assert r.tau / DecayRanking.STEP <= mean <= r.tau * DecayRanking.STEP
     assert math.log(r.tau, DecayRanking.STEP) == pytest.approx(
         round(math.log(r.tau, DecayRanking.STEP)))
+
+
+def test_clock_log_reads_counters_as_clocks_and_stays_bounded(monkeypatch):
+    from sglang_marconi.policy import clock_log
+
+    log = clock_log.ClockLog()
+    for clock, counter in enumerate([1.0, 3.0, 3.5, 7.0], start=1):
+        log.append(counter, clock)
+    assert [log.clock_at(c) for c in (0.5, 1.0, 2.9, 3.5, 100.0)] == [0, 1, 1, 3, 4]
+    monkeypatch.setattr(clock_log, "CLOCK_LOG_LIMIT", 8)
+    bounded = clock_log.ClockLog()
+    for clock in range(1, 101):
+        bounded.append(float(clock * 10), clock)
+        assert len(bounded.counters) == len(bounded.clocks) <= 8
+    assert bounded.clock_at(1000.0) == 100 and bounded.clock_at(995.0) == 99
+    assert bounded.clock_at(15.0) == 0  # dropped long ago: reads as the oldest

@@ -44,11 +44,6 @@ def ratio_for_size(size_gb: float, spec, kv_tokens: int, mamba_slots: int) -> fl
     return size_gb * HICACHE_GB / device_bytes
 
 
-def host_pool_slots(ratio: float, kv_tokens: int, state_slots: int, page: int) -> tuple:
-    """(KV token, state) slots of SGLang's host pools for ``ratio``, plus one page each."""
-    return (int(kv_tokens * ratio) // page + 1) * page, int(state_slots * ratio) + 1
-
-
 def resolve_host(args, spec, kv_tokens: int, mamba_slots: int, unified) -> dict:
     """``PoolConfig`` fields of the host tier ({} when no host flag is given)."""
     if not host_enabled(args):
@@ -64,8 +59,9 @@ def host_summary(args, spec, pools) -> dict:
     """The host tier in ``ab --json``'s config: the host pools as SGLang builds them."""
     if pools.hicache_write_policy is None:
         return {}
-    kv_host, states_host = host_pool_slots(pools.hicache_ratio, pools.kv_tokens,
-                                           pools.mamba_slots, pools.page_size)
+    ratio, page = pools.hicache_ratio, pools.page_size  # SGLang's: x ratio, + a page / slot
+    kv_host = (int(pools.kv_tokens * ratio) // page + 1) * page
+    states_host = int(pools.mamba_slots * ratio) + 1
     return {"host": {
         "hicache_size_gb": args.hicache_size, "hicache_ratio": pools.hicache_ratio,
         "write_policy": pools.hicache_write_policy,

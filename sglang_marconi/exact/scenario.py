@@ -76,10 +76,6 @@ def _requests(seed: int):
     ]
 
 
-def _lcp(a, b) -> int:
-    return common_prefix_len(as_tokens(a), as_tokens(b))
-
-
 class BranchOracle:
     """Where Marconi must checkpoint, from the token sequences alone (no tree): the hit is the
     longest checkpointed prefix; the branch point, the longest common prefix with an earlier
@@ -92,7 +88,7 @@ class BranchOracle:
     def expected(self, tokens) -> tuple[int, list[int]]:
         hit = max((p for p in range(len(tokens)) if tuple(tokens[:p]) in self.checkpoints),
                   default=0)
-        inside = [n for n, s in ((_lcp(tokens, s), s) for s in self.sequences) if n < len(s)]
+        inside = [n for n, s in ((common_prefix_len(as_tokens(tokens), as_tokens(s)), s) for s in self.sequences) if n < len(s)]
         branch = max(inside, default=0)
         return hit, ([branch] if hit < branch < len(tokens) else [])
 

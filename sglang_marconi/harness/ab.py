@@ -248,13 +248,11 @@ def _run_one(name, cache, requests, cfg, progress, per_request) -> dict:
             gc0 = pauses.total
             try:
                 out = replayer.run(rr)
-            except RuntimeError as exc:
-                oom = sglang_oom(exc)
-                if oom is None:
+            except RuntimeError as exc:  # a server's scheduler would exit here
+                if sglang_oom(exc) is None:
                     raise
-                raise UserError(f"{name}: {oom} at request {i + 1:,}: the pools are too small "
-                                "for this trace (as a server, the scheduler would exit): "
-                                "give more memory") from None
+                raise UserError(f"{name}: {sglang_oom(exc)} at request {i + 1:,}: the pools "
+                                "are too small for this trace: give more memory") from None
             if cfg.l3:
                 host_tier.settle(cache)  # later scheduler iterations ack the L3 backups
             # the cache's own time: the collector's pauses during the request are reported

@@ -36,3 +36,4 @@ SCHEDULE_POLICY = "fcfs"           # SGLang 0.5.23's default queue order (serve-
 
 # No per-request state cap: the SGLang plugin's default (--marconi-max-states-per-request -1)
 NO_CAP = 1 << 30
+CLOCK_LOG_LIMIT = 1 << 20            # counter-to-clock entries kept (policy/clock_log.py)

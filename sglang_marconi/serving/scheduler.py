@@ -31,12 +31,6 @@ class ServerCrash(RuntimeError):
     """SGLang's scheduler raised where a real server's scheduler process would exit."""
 
 
-def crash_description(exc: RuntimeError, now: float, completed: int) -> Optional[str]:
-    """One line for an SGLang allocation failure (None for any other RuntimeError)."""
-    oom = sglang_oom(exc)
-    return oom and f"{oom} at t={now:.1f} s, after {completed:,} requests completed"
-
-
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_running_requests: int
@@ -171,9 +165,10 @@ class ServingScheduler:
             else:
                 self._step_normal()
         except RuntimeError as exc:
-            self.crash = crash_description(exc, self.now, self.completed)
-            if self.crash is None:
+            if sglang_oom(exc) is None:
                 raise
+            self.crash = f"{sglang_oom(exc)} at t={self.now:.1f} s, after {self.completed:,} " \
+                         "requests completed"
             raise ServerCrash(self.crash) from exc
 
     def _wait_for_arrival(self) -> None:

@@ -11,6 +11,7 @@ from typing import Optional
 from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
+from sglang_marconi.policy.clock_log import ClockLog
 from sglang_marconi.sglang_integration.components import (MarconiFullComponent,
                                                           MarconiMambaComponent)
 from sglang_marconi.sglang_integration import unified
@@ -64,7 +65,7 @@ class MarconiUnifiedRadixCache(UnifiedRadixCache):
             spec = spec.with_int8_checkpoints()
         if spec_from_pools:  # a server's pools (replays build tiny ones: slot counts only)
             spec = _spec_in_pool_bytes(spec, params)
-        self.joint_walk, self.joint_clocks = None, ([], [])
+        self.joint_walk, self.joint_clocks = None, ClockLog()
         params = dataclasses.replace(params, component_registry_override={
             **(params.component_registry_override or {}),
             ComponentType.MAMBA: (unified.JointMambaComponent if self.unified
@@ -98,7 +99,7 @@ class MarconiUnifiedRadixCache(UnifiedRadixCache):
     def reset(self) -> None:
         """SGLang's reset (a new, empty tree), then fresh victim queues over it."""
         super().reset()
-        self.joint_clocks = ([], [])
+        self.joint_clocks = ClockLog()
         for ct in (ComponentType.MAMBA, ComponentType.FULL):
             self.components[ct].reset_queue()
 

@@ -128,9 +128,10 @@ class _ScoredQueue:
     def reset_queue(self) -> None:
         policy = self.cache.marconi
         # FULL leaves' recency is SGLang's access counter, read on the request clock
-        ticks = policy.ticks_of if self.component_type == FULL else None
+        log = policy.tick_log if self.component_type == FULL else None
         self.queue = VictimQueue(policy.alpha, mode=policy.queue_mode,
-                                 tau=getattr(policy.ranking, "tau", 1.0), to_ticks=ticks)
+                                 tau=getattr(policy.ranking, "tau", 1.0),
+                                 to_ticks=log and log.clock_at)
 
     def _walk_start(self) -> None:
         policy = self.cache.marconi

@@ -39,13 +39,11 @@ INT8_UNIFIED = ("--enable-int8-mamba-checkpoint does nothing with --enable-unifi
 
 
 def _alpha(value):
-    if value is None:
-        return None
     try:
-        alpha = float(value)
+        alpha = None if value is None else float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"a number >= 0, got {value!r}") from None
-    if not (math.isfinite(alpha) and alpha >= 0):
+        alpha = math.nan
+    if alpha is not None and not (math.isfinite(alpha) and alpha >= 0):
         raise ValueError(f"a number >= 0, got {value!r}")
     return alpha
 

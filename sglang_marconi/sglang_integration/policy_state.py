@@ -9,14 +9,13 @@ waiting request neither tick it nor repeat the ghost lookup.
 """
 from __future__ import annotations
 
-import bisect
 import logging
-from array import array
 
 import numpy as np
 
 from sglang.srt.mem_cache.unified_cache.components import base as components_base
 
+from sglang_marconi.policy.clock_log import ClockLog
 from sglang_marconi.policy.defaults import NO_CAP
 from sglang_marconi.policy.ghost import GhostIndex
 from sglang_marconi.policy.host_tier import (HostLink, demoted_efficiency, host_efficiency,
@@ -63,8 +62,8 @@ class MarconiPolicyState(AdmissionPlans):
         self.ranking = (weighted(ReuseWeight(settings.branch_bonus,
                                              chain_weight=settings.chain_weight))
                         if settings.plus else AlphaRanking(settings.alpha))
-        # the decay ranking: SGLang's access counter at each tick (tick i + 1 at index i)
-        self.tick_counters = array("d") if settings.decay and settings.plus else None
+        # the decay ranking: SGLang's access counter at each tick
+        self.tick_log = ClockLog() if settings.decay and settings.plus else None
         self.alpha = self.ranking.alpha
         self.capacity_bytes = (kv_tokens * spec.kv_bytes_per_token
                                + state_slots * spec.ssm_state_bytes)
@@ -205,13 +204,8 @@ class MarconiPolicyState(AdmissionPlans):
         if not getattr(req, "marconi_ticked", False):
             req.marconi_ticked = True
             self.clock += 1
-            if self.tick_counters is not None:
-                self.tick_counters.append(components_base._LAST_ACCESS_TIME_COUNTER_FLOAT)
-
-    def ticks_of(self, counter: float) -> float:
-        """The request clock at SGLang's access counter value ``counter`` (decay ranking:
-        FULL leaves' recency is that counter)."""
-        return bisect.bisect_right(self.tick_counters, counter)
+            if self.tick_log is not None:
+                self.tick_log.append(components_base._LAST_ACCESS_TIME_COUNTER_FLOAT, self.clock)
 
     def _ghost_lookup(self, req):
         """The ghost index's answer for ``req``'s input, kept on the request until the
@@ -235,14 +229,10 @@ class MarconiPolicyState(AdmissionPlans):
         if self.ghost is None:
             return result, None
         answer = self._ghost_lookup(req)
-        rule = self.settings.ghost_branch
-        if not self.extra_buffer or rule == "off":
-            return result, answer  # no prefill snapshots a branch
+        rule, current = self.settings.ghost_branch, result.mamba_branching_seqlen or 0
         branch = answer.branch // self.grid * self.grid
-        current = result.mamba_branching_seqlen or 0
-        if rule == "fill" and current:
-            return result, answer
-        if branch > max(current, result.device_prefix_len):
+        if self.extra_buffer and (rule == "beyond" or rule == "fill" and not current) and (
+                branch > max(current, result.device_prefix_len)):  # else no prefill snapshots it
             result = result._replace(mamba_branching_seqlen=branch)
         return result, answer
 

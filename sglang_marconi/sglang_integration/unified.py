@@ -38,24 +38,16 @@ class JointMambaComponent(MarconiMambaComponent):
     """Records SGLang's access counter at each match (KV leaves' recency)."""
 
     def refresh_lru(self, phase, node, root_node) -> None:
-        if phase == LRURefreshPhase.MATCH_END:
-            clocks = self.cache.joint_clocks
-            if not clocks[1] or clocks[1][-1] != self.cache.marconi.clock:
-                clocks[0].append(components_base._LAST_ACCESS_TIME_COUNTER_FLOAT)
-                clocks[1].append(self.cache.marconi.clock)
+        log, clock = self.cache.joint_clocks, self.cache.marconi.clock
+        if phase == LRURefreshPhase.MATCH_END and (not log.clocks or log.clocks[-1] != clock):
+            log.append(components_base._LAST_ACCESS_TIME_COUNTER_FLOAT, clock)
         super().refresh_lru(phase, node, root_node)
 
 
 def joint_recency(cache, node) -> float:
     """A candidate's recency on the request clock."""
-    return state_recency(node) if has_state(node) else kv_recency(cache.joint_clocks, node)
-
-
-def kv_recency(joint_clocks, node) -> float:
-    """``joint_recency`` of a node without a state: the request clock of its last match."""
-    counters, clocks = joint_clocks
-    i = bisect.bisect_right(counters, node.last_access_time) - 1
-    return clocks[i] if i >= 0 else 0
+    return (state_recency(node) if has_state(node)
+            else cache.joint_clocks.clock_at(node.last_access_time))
 
 
 def joint_efficiency(cache, node, leaf: bool) -> float:
@@ -73,7 +65,7 @@ def joint_rows(cache, bases: dict) -> list:
     kv_bytes, state_bytes = spec.kv_bytes_per_token, spec.ssm_state_bytes
     weighed = policy.ranking.weighs_nodes
     leaves = cache.tree_core.evictable_device_leaves
-    counters, clocks = cache.joint_clocks
+    counters, clocks = cache.joint_clocks.counters, cache.joint_clocks.clocks
     right = bisect.bisect_right
     mamba, saved_attr, stamp, keyed_weight = MAMBA, SAVED, STAMP, KEYED_WEIGHT
     rows = []  # (recency, node, efficiency, base)
@@ -82,7 +74,7 @@ def joint_rows(cache, bases: dict) -> list:
         cd = node.component_data[mamba]
         leaf = node in leaves
         if cd.value is None:  # KV only: ranks 0 (``ranking.ranked_efficiency``)
-            if leaf:  # ``kv_recency``
+            if leaf:  # ``ClockLog.clock_at``
                 i = right(counters, node.last_access_time) - 1
                 append((clocks[i] if i >= 0 else 0, node, 0.0, base))
             continue
@@ -180,11 +172,6 @@ class JointFullComponent(MarconiFullComponent):
         return walk.next_node(self, tracker, device_frees, host_frees, cache_actions)
 
 
-def takes_stock_walk(policy) -> bool:
-    """marconi at alpha 0 ranks as LRU: SGLang's own ``evict_for_alloc``, no joint walk."""
-    return policy.ranking.is_lru
-
-
 def _add(result: EvictResult, more: EvictResult) -> None:
     result.num_tokens_evicted += more.num_tokens_evicted
     result.swa_num_tokens_evicted += more.swa_num_tokens_evicted
@@ -192,8 +179,9 @@ def _add(result: EvictResult, more: EvictResult) -> None:
 
 
 def joint_evict_for_alloc(cache, params, stock, allocation_reclaim_satisfied=None):
-    """``evict_for_alloc`` with one ranking over KV leaves and states."""
-    if (takes_stock_walk(cache.marconi) or allocation_reclaim_satisfied is not None
+    """``evict_for_alloc`` with one ranking over KV leaves and states (marconi at alpha 0
+    ranks as LRU: SGLang's own walk)."""
+    if (cache.marconi.ranking.is_lru or allocation_reclaim_satisfied is not None
             or cache.disable):
         return stock(params, allocation_reclaim_satisfied=allocation_reclaim_satisfied)
     allocator = cache.token_to_kv_pool_allocator

@@ -90,21 +90,14 @@ def simulate(trace, spec, capacity, policies, grid: int = 1, latency: LatencyMod
     else:
         for i, p in enumerate(policies):
             results[p.label] = run_policy(trace, spec, capacity, p, grid, latency, progress, 0)
-    add_ceiling_fractions(results)
-    return {"trace": trace.name, "requests": len(trace), "input_tokens": trace.input_tokens,
-            "model": spec.name, "capacity_bytes": capacity, "grid": grid,
-            "latency": {"gpu": latency.gpu, "mfu": latency.mfu, "overhead_s": latency.overhead_s},
-            "policies": results}
-
-
-def add_ceiling_fractions(results: dict) -> None:
-    """Every policy's savings as fractions of ``infinite``'s and ``offline``'s."""
-    for ref in ("infinite", "offline"):
+    for ref in ("infinite", "offline"):  # every policy's savings as fractions of these
         ceiling = results.get(ref)
-        if not ceiling:
-            continue
-        for res in results.values():
+        for res in results.values() if ceiling else ():
             res[f"fraction_of_{ref}_flops"] = (res["flops_saved"] / ceiling["flops_saved"]
                                                if ceiling["flops_saved"] else None)
             res[f"fraction_of_{ref}_tokens"] = (res["hit_tokens"] / ceiling["hit_tokens"]
                                                 if ceiling["hit_tokens"] else None)
+    return {"trace": trace.name, "requests": len(trace), "input_tokens": trace.input_tokens,
+            "model": spec.name, "capacity_bytes": capacity, "grid": grid,
+            "latency": {"gpu": latency.gpu, "mfu": latency.mfu, "overhead_s": latency.overhead_s},
+            "policies": results}

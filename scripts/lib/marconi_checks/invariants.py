@@ -29,7 +29,7 @@ from sglang_marconi.sglang_integration.components import (KEYED_WEIGHT, SAVED, S
                                                            STATE_DEPTH, has_state,
                                                            state_recency, token_depth)
 from sglang_marconi.sglang_integration.unified import (JointWalk, droppable_inner_state,
-                                                        joint_recency, takes_stock_walk)
+                                                        joint_recency)
 
 FULL, MAMBA = ComponentType.FULL, ComponentType.MAMBA
 
@@ -115,7 +115,7 @@ def check_queues(cache) -> None:
             assert r <= node.last_access_time, f"leaf {node.id}: recency ahead of the tree"
             assert math.isclose(e, policy.kv_pool_efficiency(node), rel_tol=1e-9), (
                 f"leaf {node.id}: KV efficiency {e}")
-    if getattr(cache, "unified", False) and not takes_stock_walk(policy):
+    if getattr(cache, "unified", False) and not policy.ranking.is_lru:
         check_joint_build(cache)
 
 

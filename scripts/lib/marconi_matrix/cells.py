@@ -188,7 +188,8 @@ def run_cell(cell: Cell, trace, fp: dict, size: dict, candidates: dict) -> dict:
 
 
 def run_candidates(cell: Cell, trace, size: dict, candidates: dict) -> dict:
-    """Each candidate's column (name -> ``MarconiSettings``) on the cell at ``size``."""
+    """Each candidate's column (name -> ``MarconiSettings``, None: the defaults) on the
+    cell at ``size``."""
     base = ["--model", cell.model, "--memory", cell.memory, "--json", "--no-progress",
             "--per-request", "--cache-gb", f"{size['cache_gb']:.6g}"]
     return {name: summary_of(run_ab([*base, "--caches", "marconi"], trace, settings)
