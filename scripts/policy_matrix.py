@@ -45,6 +45,7 @@ from sglang_marconi.sglang_integration.options import MarconiSettings  # noqa: E
 
 BUNDLED = ROOT.parent / "shared" / "traces" / "mooncake" / "synthetic_trace.jsonl"
 RESULTS = ROOT / "results" / "policy_matrix"
+PARTIAL = "cells.partial.jsonl"  # rows as they are done; cells.jsonl is written at the end
 MIN_HITS = 100  # the acceptance rule's cells: stock has at least this many hit requests
 
 
@@ -82,13 +83,15 @@ def describe(rows, name="marconi") -> dict:
             "judged_worst": min(judged, default=float("nan"))}
 
 
-def resumed(path: Path, order: dict) -> dict:
-    """An earlier run's rows (``cells.jsonl``) for this run's cells, by name."""
-    if not path.exists():
-        return {}
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
-            if line.strip()]
-    return {r["name"]: r for r in rows if r["name"] in order}
+def resumed(out: Path) -> dict:
+    """An earlier run's rows by name: ``cells.jsonl``, then what an interrupted run left in
+    ``cells.partial.jsonl`` (a later line wins)."""
+    rows = {}
+    for path in (out / "cells.jsonl", out / PARTIAL):
+        if path.exists():
+            rows.update((r["name"], r) for r in (json.loads(line) for line in path.read_text(
+                encoding="utf-8").splitlines() if line.strip()))
+    return rows
 
 
 def run_group(group, bundled, sizes, candidates, earlier) -> list:
@@ -104,11 +107,12 @@ def run_group(group, bundled, sizes, candidates, earlier) -> list:
 
     out = []
     for cell in group:
-        size = sizes.get(cell.name) or mc.calibrate(cell, trace, fp())
         row = earlier.get(cell.name)
         if row is None:
+            size = sizes.get(cell.name) or mc.calibrate(cell, trace, fp())
             row = mc.run_cell(cell, trace, fp(), size, candidates)
-        else:
+        else:  # new columns on the size of the row's own
+            size = {"cache_gb": row["cache_gb"], "stock_share": row["stock_share_target"]}
             missing = {n: c for n, c in {"marconi": None, **candidates}.items()
                        if n not in row["columns"]}  # marconi: the defaults
             row["columns"].update(mc.run_candidates(cell, trace, size, missing))
@@ -164,8 +168,8 @@ def main(argv=None) -> int:
     ap.add_argument("--limit-cells", type=int, default=None, help="the first N cells only")
     ap.add_argument("--bundled", default=str(BUNDLED))
     ap.add_argument("--resume", action="store_true",
-                    help="keep what --out's cells.jsonl holds: its cells' columns, running "
-                         "only the policies a cell lacks")
+                    help="keep what --out's cells.jsonl (and an interrupted run's "
+                         "cells.partial.jsonl) hold, running only the policies a cell lacks")
     ap.add_argument("--jobs", type=int, default=1,
                     help="processes, one (trace, seed, model) group of cells each")
     args = ap.parse_args(argv)
@@ -193,23 +197,31 @@ def main(argv=None) -> int:
     for cell in todo:
         groups.setdefault((cell.trace, cell.seed, cell.model), []).append(cell)
     order = {cell.name: i for i, cell in enumerate(todo)}
-    earlier = resumed(out / "cells.jsonl", order) if args.resume else {}
+    kept = resumed(out) if args.resume else {}  # every earlier row stays in the files
+    earlier = {name: row for name, row in kept.items() if name in order}
     rows = [r for r in earlier.values() if all(n in r["columns"] for n in names)]
     done = {r["name"] for r in rows}
     groups = [[c for c in g if c.name not in done] for g in groups.values()]
     t0 = time.time()
-    partial = open(out / "cells.jsonl", "w", encoding="utf-8")  # as done; sorted at the end
-    partial.writelines(json.dumps(row) + "\n" for row in rows)
+    failed = []
+    partial = open(out / PARTIAL, "w", encoding="utf-8")
+    partial.writelines(json.dumps(row) + "\n" for row in kept.values())
     spawn = multiprocessing.get_context("spawn")
     with partial, futures.ProcessPoolExecutor(max(1, args.jobs), mp_context=spawn) as pool:
-        jobs = [pool.submit(run_group, g, args.bundled,
+        jobs = {pool.submit(run_group, g, args.bundled,
                             {c.name: sizes[c.name] for c in g if c.name in sizes}, candidates,
-                            {c.name: earlier[c.name] for c in g if c.name in earlier})
-                for g in groups if g]
+                            {c.name: earlier[c.name] for c in g if c.name in earlier}): g
+                for g in groups if g}
         bar = tqdm(total=len(todo), initial=len(rows), desc="cells", unit="cell",
                    disable=not sys.stderr.isatty())
         for job in futures.as_completed(jobs):
-            for cell, size, row in job.result():
+            try:
+                result = job.result()
+            except Exception as exc:  # the other groups go on; the run fails at the end
+                failed.append(f"{jobs[job][0].name} and its group: {exc}")
+                print(f"error: {failed[-1]}", file=sys.stderr, flush=True)
+                continue
+            for cell, size, row in result:
                 sizes[cell.name] = size
                 rows.append(row)
                 partial.write(json.dumps(row) + "\n")
@@ -220,8 +232,13 @@ def main(argv=None) -> int:
                                   encoding="utf-8")
         bar.close()
     rows.sort(key=lambda r: order[r["name"]])
+    kept.update((r["name"], r) for r in rows)
     with open(out / "cells.jsonl", "w", encoding="utf-8") as fh:
-        fh.writelines(json.dumps(row) + "\n" for row in rows)
+        fh.writelines(json.dumps(row) + "\n" for row in kept.values())
+    (out / PARTIAL).unlink()
+    if failed:
+        raise SystemExit(f"error: {len(failed)} group(s) failed, the rest are in "
+                         f"{out / 'cells.jsonl'}: " + "; ".join(failed))
     minutes = (time.time() - t0) / 60
     command = shlex.join(["python", "scripts/policy_matrix.py",
                           *(sys.argv[1:] if argv is None else argv)])

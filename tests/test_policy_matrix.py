@@ -126,7 +126,9 @@ def test_gain_table_puts_the_worst_cell_beside_the_median_and_resume_keeps_known
                         "of the ceiling) |")
     assert table[5].startswith("| nemotron_h | unified | 1 | 10.0% | 2.00x | 2.00x (t3")
     assert len(table) == 6  # no rows for a pairing without cells
-    path = tmp_path / "cells.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert set(pm.resumed(path, {"t1": 0, "t3": 1, "t9": 2})) == {"t1", "t3"}
-    assert pm.resumed(tmp_path / "none.jsonl", {"t1": 0}) == {}
+    assert pm.resumed(tmp_path) == {}
+    (tmp_path / "cells.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    later = dict(rows[1], cache_gb=2.0)
+    (tmp_path / pm.PARTIAL).write_text(json.dumps(later) + "\n\n")  # an interrupted run's
+    kept = pm.resumed(tmp_path)
+    assert list(kept) == ["t0", "t1", "t2", "t3"] and kept["t1"]["cache_gb"] == 2.0

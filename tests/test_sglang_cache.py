@@ -78,7 +78,7 @@ def replay_checked(cache, pc, requests):
 @pytest.mark.parametrize("alpha,max_states,extra", [
     (1.0, 2, {}), (2.0, -1, {}), (1.0, -1, {"renormalise_limit": 0}),
     (None, -1, {}), (None, -1, {"decay": True}), (None, -1, {"ghost_branch": "beyond"})],
-    ids=["a1-cap2", "a2", "a1-amortised", "marconi", "decay", "ghost-fill"])
+    ids=["a1-cap2", "a2", "a1-amortised", "marconi", "decay", "ghost-beyond"])
 @FAST
 @given(specs=request_specs())
 def test_invariants_hold_for_random_sequences(pc, alpha, max_states, extra, specs):

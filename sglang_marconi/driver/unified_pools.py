@@ -35,10 +35,6 @@ class UnifiedConfig:
         return cls(kv_tokens * spec.kv_bytes_per_token + states * spec.ssm_state_bytes,
                    spec.kv_bytes_per_token, spec.ssm_state_bytes, mamba_slots)
 
-    def scaled_state_bytes(self) -> int:
-        return max(CONV_BYTES + 4, round(KV_ENTRY_BYTES * self.state_bytes
-                                         / self.kv_bytes_per_token))
-
     def scaled_total_bytes(self) -> int:
         tokens = self.unified_bytes // self.kv_bytes_per_token
         # the state bytes SGLang adds on top of the KV side's budget are inside unified_bytes
@@ -85,7 +81,8 @@ def install_cpu_alloc_kernels() -> None:
 def _mamba_params(ucfg: UnifiedConfig):
     import torch
 
-    temporal = (ucfg.scaled_state_bytes() - CONV_BYTES) // 4
+    scaled = round(KV_ENTRY_BYTES * ucfg.state_bytes / ucfg.kv_bytes_per_token)  # a state's
+    temporal = (max(CONV_BYTES + 4, scaled) - CONV_BYTES) // 4  # bytes on the scaled buffer
     return types.SimpleNamespace(
         shape=types.SimpleNamespace(conv=[(1, 1)], temporal=(1, 1, temporal)),
         dtype=types.SimpleNamespace(conv=torch.float32, temporal=torch.float32),

@@ -88,7 +88,8 @@ class BranchOracle:
     def expected(self, tokens) -> tuple[int, list[int]]:
         hit = max((p for p in range(len(tokens)) if tuple(tokens[:p]) in self.checkpoints),
                   default=0)
-        inside = [n for n, s in ((common_prefix_len(as_tokens(tokens), as_tokens(s)), s) for s in self.sequences) if n < len(s)]
+        inside = [n for s in self.sequences
+                  if (n := common_prefix_len(as_tokens(tokens), as_tokens(s))) < len(s)]
         branch = max(inside, default=0)
         return hit, ([branch] if hit < branch < len(tokens) else [])
 

@@ -235,6 +235,7 @@ def _run_one(name, cache, requests, cfg, progress, per_request) -> dict:
     host_flops = 0.0
     pauses = GCPauses()
     calls = CallTimer(cache, pauses)
+    cache.pretty_print = lambda: None  # SGLang prints the whole tree before an OOM raise
     replayer = Replayer(cache, chunked_prefill_size=cfg.pools.chunked_prefill_size,
                         overlap=cfg.overlap, evict_every_decode_step=cfg.evict_every_decode_step)
     spec = cfg.spec

@@ -10,7 +10,8 @@ MODELS = ("nemotron_h", "qwen3_next")
 PAGE = {("nemotron_h", "extra_buffer"): 16}
 # the last configuration, Qwen3-Next with SGLang's defaults and --cache-policy marconi,
 # stays up for test_live_tools.py
-# the paper's ranking (marconi-alpha) under extra_buffer here; under no_buffer in test_live_exact.py
+# the paper's ranking (marconi-alpha) under extra_buffer here; under no_buffer in
+# test_live_exact.py (Nemotron-H; both models with MARCONI_LIVE_EXACT=full)
 CONFIGS = [(m, b, p) for m in MODELS for b in BUFFERS for p in ("stock", "marconi-alpha", "marconi")
            if p != "marconi-alpha" or b == "extra_buffer"]
 LAST = CONFIGS[-1]
