@@ -152,6 +152,9 @@ def build_cache(pc: PoolConfig, cache_class=None, tree_core: str = "rust",
     params = dataclasses.replace(params, tree_core_backend=tree_core, **(params_override or {}))
     cache = (cache_class or UnifiedRadixCache)(params)
     cache.cache_init_params = params
+    # before raising out of memory SGLang's allocators print the whole radix tree
+    # (allocation.py 169/245/619): callers report a one-line ``errors.sglang_oom`` instead
+    cache.pretty_print = lambda: None
     if pc.hicache_write_policy is not None:
         attach_host_tier(cache, params)
     return cache, allocator, req_to_token_pool

@@ -235,7 +235,6 @@ def _run_one(name, cache, requests, cfg, progress, per_request) -> dict:
     host_flops = 0.0
     pauses = GCPauses()
     calls = CallTimer(cache, pauses)
-    cache.pretty_print = lambda: None  # SGLang prints the whole tree before an OOM raise
     replayer = Replayer(cache, chunked_prefill_size=cfg.pools.chunked_prefill_size,
                         overlap=cfg.overlap, evict_every_decode_step=cfg.evict_every_decode_step)
     spec = cfg.spec
@@ -250,9 +249,9 @@ def _run_one(name, cache, requests, cfg, progress, per_request) -> dict:
             try:
                 out = replayer.run(rr)
             except RuntimeError as exc:  # a server's scheduler would exit here
-                if sglang_oom(exc) is None:
+                if (oom := sglang_oom(exc)) is None:
                     raise
-                raise UserError(f"{name}: {sglang_oom(exc)} at request {i + 1:,}: the pools "
+                raise UserError(f"{name}: {oom} at request {i + 1:,}: the pools "
                                 "are too small for this trace: give more memory") from None
             if cfg.l3:
                 host_tier.settle(cache)  # later scheduler iterations ack the L3 backups

@@ -145,9 +145,6 @@ class ServingScheduler:
         self.retractions = 0
         self.ingested = self.completed = 0  # requests arrived / finished or aborted
         self.crash: Optional[str] = None      # what SGLang raised, when the server died
-        # before raising out of memory SGLang's allocators print the whole radix tree
-        # (allocation.py 169/245/619), which would break --json: ``crash`` reports it instead
-        cache.pretty_print = lambda: None
 
     # -- the loops ----------------------------------------------------------------------
     def done(self) -> bool:
@@ -165,9 +162,9 @@ class ServingScheduler:
             else:
                 self._step_normal()
         except RuntimeError as exc:
-            if sglang_oom(exc) is None:
+            if (oom := sglang_oom(exc)) is None:
                 raise
-            self.crash = f"{sglang_oom(exc)} at t={self.now:.1f} s, after {self.completed:,} " \
+            self.crash = f"{oom} at t={self.now:.1f} s, after {self.completed:,} " \
                          "requests completed"
             raise ServerCrash(self.crash) from exc
 

@@ -38,9 +38,10 @@ class JointMambaComponent(MarconiMambaComponent):
     """Records SGLang's access counter at each match (KV leaves' recency)."""
 
     def refresh_lru(self, phase, node, root_node) -> None:
-        log, clock = self.cache.joint_clocks, self.cache.marconi.clock
-        if phase == LRURefreshPhase.MATCH_END and (not log.clocks or log.clocks[-1] != clock):
-            log.append(components_base._LAST_ACCESS_TIME_COUNTER_FLOAT, clock)
+        if phase == LRURefreshPhase.MATCH_END:
+            log, clock = self.cache.joint_clocks, self.cache.marconi.clock
+            if clock not in log.clocks[-1:]:
+                log.append(components_base._LAST_ACCESS_TIME_COUNTER_FLOAT, clock)
         super().refresh_lru(phase, node, root_node)
 
 
